@@ -1,0 +1,37 @@
+"""One RL step as a DAG the Prefect UI draws:
+rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from rstar2 import tracking
+from rstar2.config import RunCfg, StageCfg
+from tasks import rl
+
+
+@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}")
+def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: dict, world: dict, run_dir: str,
+            mlflow_run_id: str, problems_uri: str) -> dict:
+    d = Path(run_dir) / stage.name / f"step-{step:04d}"
+    limits = cfg.rollout_for(stage)
+    samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
+    rolled = rl.rollout(actors, world["init_model"], problems_uri, step, stage.prompts_per_step, samples, limits,
+                        cfg.sandbox, cfg.seed, cfg.world.max_positions, str(d / "rollouts.parquet"))
+    scored = rl.score(rolled, cfg.sandbox, str(d / "scored.parquet"))
+    sandbox = rl.sandbox_stats(scored)
+    kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.seed * 100_003 + global_step,
+                         str(d / "kept.parquet"))
+    batch = rl.batch_metrics(scored, kept)
+    update = rl.grpo_update(actors, kept)
+    ckpt = rl.checkpoint(actors, update, str(Path(run_dir) / "checkpoints" / stage.name / f"step-{step + 1:04d}"),
+                         {"stage": stage.name, "step": step + 1, "global_step": global_step + 1})
+    metrics = {**batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
+    if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+        ev = rl.evaluate(actors, ckpt, world["test"], cfg.eval, cfg.world.max_positions, cfg.sandbox,
+                         str(d / "eval.parquet"))
+        metrics.update({f"eval_{k}": v for k, v in ev.items()})
+    tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
+    return {"checkpoint": ckpt, **metrics}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One entry point for a fresh 2-core CPU machine with no hub access:
+#   bash infra/dev.sh campaign [args]   create .venv if needed, run the tiny campaign end to end
+#   bash infra/dev.sh test [pytest args] create .venv if needed, run the test suite
+#   bash infra/dev.sh env                create .venv only
+# Every tool's state is kept under .rstar2/ (never $HOME).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+lock="$root/infra/requirements-cpu.lock"
+stamp="$venv/.rstar2-lock.sha256"
+
+ensure_env() {
+  local want; want="$(sha256sum "$lock" pyproject.toml | sha256sum | cut -d' ' -f1)"
+  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
+  echo "[rstar2] creating $venv from $lock (about 3-4 minutes the first time)" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -U "pip==26.3"
+  # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break vllm.
+  DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-deps -r "$lock"
+  "$venv/bin/pip" install -q --no-deps -e .
+  echo "$want" > "$stamp"
+}
+
+# shellcheck source=infra/env.sh
+source "$root/infra/env.sh"
+cmd="${1:-campaign}"; shift || true
+case "$cmd" in
+  env) ensure_env ;;
+  campaign) ensure_env; exec "$venv/bin/rstar2" campaign --preset tiny "$@" ;;
+  test) ensure_env; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  *) echo "usage: bash infra/dev.sh {campaign|test|env} [args]" >&2; exit 2 ;;
+esac

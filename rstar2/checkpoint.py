@@ -1,0 +1,69 @@
+"""Atomic checkpoints: write into a temporary sibling directory, fsync, then rename. A directory is a checkpoint
+only if it holds COMMITTED.json (written last, inside the temp dir, before the rename), so a crash at any point
+leaves either the previous checkpoint or a `.tmp-*` directory that nothing mistakes for a valid one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+MARKER = "COMMITTED.json"
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+
+
+def commit(final_dir: Path, write: Callable[[Path], None], meta: dict) -> Path:
+    """Run `write(tmp_dir)`, seal it with a manifest, and atomically rename it to `final_dir`."""
+    final_dir = Path(final_dir)
+    if is_committed(final_dir):
+        raise FileExistsError(f"checkpoint {final_dir} is already committed")
+    tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        (tmp / MARKER).write_text(json.dumps({**meta, "files": _digest(tmp), "committed_at": time.time()}, indent=1))
+        _fsync_tree(tmp)
+        if final_dir.exists():  # an uncommitted leftover with the final name: never valid, replace it
+            shutil.rmtree(final_dir)
+        os.rename(tmp, final_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_dir
+
+
+def is_committed(d: Path) -> bool:
+    return (Path(d) / MARKER).is_file()
+
+
+def manifest(d: Path) -> dict:
+    if not is_committed(d):
+        raise FileNotFoundError(f"{d} is not a committed checkpoint (no {MARKER})")
+    return json.loads((Path(d) / MARKER).read_text())
+
+
+def latest(root: Path, prefix: str = "step-") -> Path | None:
+    """The newest committed checkpoint under `root` (by step number in the name), or None."""
+    root = Path(root)
+    found = [d for d in root.glob(f"{prefix}*") if d.is_dir() and is_committed(d)] if root.is_dir() else []
+    return max(found, key=lambda d: int(d.name[len(prefix):]), default=None)

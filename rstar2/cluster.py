@@ -1,0 +1,95 @@
+"""Ray: the single controller (the driver, i.e. the Prefect flow process) owns named engine and trainer actors.
+
+Local by default (`ray.init()` on this machine); set RAY_ADDRESS to join a cluster. Actors are non-detached, so
+they die with the driver; they are looked up by name, so Prefect tasks pass names (small strings), not handles.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from rstar2.config import RunCfg
+from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.trainer import PolicyTrainer
+
+NAMESPACE = "rstar2"
+_STATE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_CONFIGURE_LOGGING",
+              "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR", "TMPDIR",
+              "VLLM_NO_USAGE_STATS", "TOKENIZERS_PARALLELISM", "RSTAR2_SANDBOX_PYTHON")
+
+
+def init() -> None:
+    if ray.is_initialized():
+        return
+    env = {k: os.environ[k] for k in _STATE_ENV if k in os.environ}
+    runtime_env = {"env_vars": env}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=False)
+    else:
+        tmp = os.path.join(os.environ.get("RSTAR2_HOME", "/tmp/rstar2"), "ray")
+        ray.init(namespace=NAMESPACE, runtime_env=runtime_env, include_dashboard=False, log_to_driver=False,
+                 num_cpus=os.cpu_count(), _temp_dir=tmp if len(tmp) < 60 else None)
+
+
+def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
+    return [f"{run_id}-engine-{i}" for i in range(num_engines)], f"{run_id}-trainer"
+
+
+def start(run_id: str, cfg: RunCfg, model_dir: str) -> tuple[list[str], str]:
+    """Create the engines and the trainer (if not already alive under these names); returns their names."""
+    init()
+    engine_names, trainer_name = actor_names(run_id, cfg.engine.num_engines)
+    gpu = 1 if cfg.engine.gpu_memory_utilization else 0
+    threads = os.cpu_count()
+    for i, name in enumerate(engine_names):
+        if _alive(name):
+            continue
+        spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
+                          kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
+                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization)
+        # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once
+        ray.remote(num_cpus=0, num_gpus=gpu)(VLLMEngine).options(name=name, max_concurrency=1).remote(spec)
+    if not _alive(trainer_name):
+        ray.remote(num_cpus=0, num_gpus=gpu)(PolicyTrainer).options(name=trainer_name).remote(
+            model_dir, cfg.trainer, cfg.seed, threads)
+    for name in engine_names + [trainer_name]:
+        ray.get(get(name).__ray_ready__.remote())
+    return engine_names, trainer_name
+
+
+def _alive(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
+def get(name: str):
+    init()
+    return ray.get_actor(name, namespace=NAMESPACE)
+
+
+def stop(names: list[str]) -> None:
+    for name in names:
+        if _alive(name):
+            ray.kill(get(name))
+
+
+def engine_generate(engine_names: list[str], temperature: float, top_p: float):
+    """A rollout GenerateFn that spreads each turn's prompts over the engines (round-robin chunks)."""
+    engines = [get(n) for n in engine_names]
+
+    def generate(prompts, max_tokens):
+        k = len(engines)
+        futs = [e.generate.remote(prompts[i::k], max_tokens[i::k], temperature, top_p)
+                for i, e in enumerate(engines)]
+        parts = ray.get(futs)
+        out = [None] * len(prompts)
+        for i, part in enumerate(parts):
+            out[i::k] = part
+        return out
+
+    return generate

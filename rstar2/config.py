@@ -1,0 +1,176 @@
+"""One config tree (pydantic). Presets are YAML files in rstar2/presets/; `--set a.b=c` overrides any leaf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a typo in a preset is an error, not a silent default
+
+
+class WorldCfg(_Cfg):
+    """The locally made world (tiny preset) or paths to real assets (GPU presets)."""
+    kinds: list[str] = ["mul", "add", "mod", "range_sum", "divisors", "comb"]
+    n_sft: int = 6000
+    n_train: int = 2000
+    n_test: int = 200
+    vocab_size: int = 2048
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 704
+    max_positions: int = 2048
+    base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
+    train_data: str | None = None  # Parquet with problem_id, prompt, answer (instead of the generator)
+    test_data: str | None = None
+
+
+class SFTCfg(_Cfg):
+    enabled: bool = True
+    mix: dict[str, float] = {"clean": 0.4, "buggy_fix": 0.15, "no_tool": 0.3, "format_slip": 0.15}
+    epochs: float = 1.0
+    lr: float = 2e-3
+    batch_tokens: int = 4096
+    warmup_frac: float = 0.04
+
+
+class RolloutCfg(_Cfg):
+    group_size: int = 8  # G: rollouts kept per prompt after RoC
+    oversample: int = 2  # draw oversample * G, keep G (paper: 32 -> 16)
+    max_turns: int = 10
+    max_response_tokens: int = 8192
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tool_response_chars: int = 256
+
+
+class SandboxCfg(_Cfg):
+    workers: int = 4
+    timeout_s: float = 4.0
+    memory_mb: int = 512
+    cpu_s: int = 4
+    max_output_chars: int = 4000
+    verify_timeout_s: float = 2.0
+    verify_workers: int = 1
+
+
+class RoCCfg(_Cfg):
+    enabled: bool = True  # off = plain GRPO on G rollouts (no oversampling)
+    mode: Literal["paper", "release"] = "paper"
+    drop_all_equal: bool = True
+    min_pos: int = 2
+    min_neg: int = 2
+
+
+class TrainerCfg(_Cfg):
+    lr: float = 1e-6
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    overlong_filter: bool = False  # mask truncated rollouts out of the loss (DAPO); the paper keeps them at reward 0
+    mini_batches: int = 1  # optimizer steps per RL step (paper: 1, strictly on-policy)
+    micro_batch_tokens: int = 8192
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "auto"
+    backend: Literal["torch", "deepspeed"] = "torch"
+    zero_stage: int = 2
+
+
+class EngineCfg(_Cfg):
+    num_engines: int = 1
+    kv_cache_mb: int = 256
+    gpu_memory_utilization: float | None = None
+    dtype: str = "bfloat16"
+
+
+class StageCfg(_Cfg):
+    name: str
+    steps: int
+    prompts_per_step: int
+    max_response_tokens: int | None = None
+    max_turns: int | None = None
+    data: Literal["train", "hard"] = "train"
+    reset_optimizer: bool = False
+
+
+class EvalCfg(_Cfg):
+    samples: int = 16  # pass@1 averaged over k samples (paper: 16)
+    temperature: float = 0.6
+    max_turns: int = 30
+    max_response_tokens: int = 30000
+    n_problems: int | None = None  # None = the whole held-out split
+    every: int = 0  # also evaluate every N RL steps (0 = only at stage end)
+
+
+class RunCfg(_Cfg):
+    name: str = "rstar2"
+    seed: int = 0
+    out_dir: str = "runs"
+    experiment: str = "rstar2"
+    world: WorldCfg = Field(default_factory=WorldCfg)
+    sft: SFTCfg = Field(default_factory=SFTCfg)
+    rollout: RolloutCfg = Field(default_factory=RolloutCfg)
+    sandbox: SandboxCfg = Field(default_factory=SandboxCfg)
+    roc: RoCCfg = Field(default_factory=RoCCfg)
+    trainer: TrainerCfg = Field(default_factory=TrainerCfg)
+    engine: EngineCfg = Field(default_factory=EngineCfg)
+    stages: list[StageCfg] = Field(default_factory=list)
+    eval: EvalCfg = Field(default_factory=EvalCfg)
+
+    def rollout_for(self, stage: StageCfg) -> RolloutCfg:
+        return self.rollout.model_copy(update={k: v for k, v in (
+            ("max_response_tokens", stage.max_response_tokens), ("max_turns", stage.max_turns)) if v is not None})
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    """Set `a.b.0.c` in a nested dict/list tree (list items addressed by index)."""
+    *path, leaf = dotted.split(".")
+    node = tree
+    for key in path:
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ValueError(f"cannot set {dotted}: no item {key} in a list of {len(node)}")
+            node = node[int(key)]
+        elif isinstance(node, dict):
+            node = node.setdefault(key, {})
+        else:
+            raise ValueError(f"cannot set {dotted}: {key} is not a section")
+    if isinstance(node, list):
+        if not leaf.isdigit() or int(leaf) >= len(node):
+            raise ValueError(f"cannot set {dotted}: no item {leaf} in a list of {len(node)}")
+        node[int(leaf)] = value
+    elif isinstance(node, dict):
+        node[leaf] = value
+    else:
+        raise ValueError(f"cannot set {dotted}: its parent is not a section")
+
+
+def load(preset: str, overrides: list[str] | None = None) -> RunCfg:
+    """Load a preset by name (or a YAML path) and apply `key.path=value` overrides (values parsed as YAML)."""
+    path = Path(preset) if preset.endswith((".yaml", ".yml")) else PRESETS / f"{preset}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {preset!r}; available: {', '.join(list_presets())} (or a path to a .yaml)")
+    tree = yaml.safe_load(path.read_text()) or {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        key, raw = item.split("=", 1)
+        _set(tree, key.strip(), yaml.safe_load(raw))
+    return RunCfg.model_validate(tree)

@@ -1,0 +1,146 @@
+"""The operations of one RL step, over URIs (Parquet files, checkpoint dirs): each one is what a Prefect task runs.
+
+rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (trainer update) -> (checkpoint) -> evaluate
+"""
+
+from __future__ import annotations
+
+import atexit
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from rstar2 import roc, rollout
+from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
+from rstar2.reward import Verifier
+from rstar2.sandbox import LocalSandbox, SandboxLimits
+from rstar2.world.problems import validate
+from rstar2.world.tokenizer import load as load_tokenizer
+
+_VERIFIERS: dict[tuple, Verifier] = {}
+
+
+def verifier(cfg: SandboxCfg) -> Verifier:
+    """One verifier process pool per driver process (starting one costs seconds: math-verify imports sympy)."""
+    key = (cfg.verify_workers, cfg.verify_timeout_s)
+    if key not in _VERIFIERS:
+        _VERIFIERS[key] = Verifier(workers=cfg.verify_workers, timeout_s=cfg.verify_timeout_s)
+        atexit.register(_VERIFIERS[key].close)
+    return _VERIFIERS[key]
+
+
+def sandbox(cfg: SandboxCfg) -> LocalSandbox:
+    return LocalSandbox(SandboxLimits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, cpu_s=cfg.cpu_s,
+                                      max_output_chars=cfg.max_output_chars), workers=cfg.workers)
+
+
+def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
+    """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
+    run sees exactly the data the uninterrupted one would have."""
+    df = validate(pl.read_parquet(problems_uri))
+    if df.height == 0:
+        raise ValueError(f"{problems_uri} has no problems")
+    perm = list(range(df.height))
+    random.Random(seed).shuffle(perm)
+    idx = [perm[(step * n + i) % df.height] for i in range(n)]
+    return df[idx].select("problem_id", "prompt", "answer").to_dicts()
+
+
+def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
+                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
+    tok = load_tokenizer(tokenizer_dir)
+    t0 = time.perf_counter()
+    with sandbox(sandbox_cfg) as sb:
+        trajs = rollout.run(generate, sb, tok, problems, n_samples,
+                            rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
+                                                  limits.tool_response_chars, max_model_len), on_turn=on_turn)
+    rows = rollout.to_rows(trajs, tok)
+    wall = time.perf_counter() - t0
+    Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows).write_parquet(out_uri)
+    gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
+    return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9)}
+
+
+def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
+    """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format."""
+    df = pl.read_parquet(rollouts_uri)
+    rewards = verifier(cfg).score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
+    df = df.with_columns(
+        reward=pl.Series(rewards, dtype=pl.Float64),
+        p_err=pl.Series([roc.p_err(s) for s in df["tool_statuses"].to_list()], dtype=pl.Float64),
+        p_format=pl.Series([roc.p_format(n, bad, turns) for (n, bad), turns in zip(blocks, df["num_turns"].to_list())],
+                           dtype=pl.Float64),
+    )
+    df.write_parquet(out_uri)
+    return {"reward_mean": float(np.mean(rewards)) if rewards else 0.0}
+
+
+def sandbox_stats(scored_uri: str) -> dict:
+    """What the sandbox did this step: calls, statuses and latency (the tool turns ran inside the rollout)."""
+    df = pl.read_parquet(scored_uri)
+    statuses = Counter(s for row in df["tool_statuses"].to_list() for s in row)
+    walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
+    calls = sum(statuses.values())
+    return {"tool_calls": calls, "tool_calls_per_traj": calls / max(1, df.height),
+            "tool_error_rate": 1 - (statuses["ok"] + statuses["output_truncated"]) / max(1, calls),
+            "tool_latency_mean_s": float(np.mean(walls)) if walls else 0.0,
+            "tool_latency_p99_s": float(np.quantile(walls, 0.99)) if walls else 0.0,
+            **{f"tool_status_{k}": v for k, v in statuses.items()}}
+
+
+def roc_filter(scored_uri: str, cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:
+    """GRPO-RoC down-sampling (oversampled 2G -> G per prompt); with RoC off, all rollouts are kept (plain GRPO)."""
+    df = pl.read_parquet(scored_uri)
+    if cfg.enabled:
+        res = roc.roc_select(df["problem_id"].to_numpy(), df["reward"].to_numpy(),
+                             (df["p_err"] + df["p_format"]).to_numpy(), keep, np.random.default_rng(seed),
+                             cfg.mode, cfg.drop_all_equal, cfg.min_pos, cfg.min_neg)
+        mask, dropped_groups = res.mask, res.dropped_groups
+    else:
+        equal = df.group_by("problem_id").agg(pl.col("reward").n_unique().alias("u")).filter(pl.col("u") == 1)
+        mask = ~df["problem_id"].is_in(equal["problem_id"].implode()).to_numpy() if cfg.drop_all_equal else \
+            np.ones(df.height, bool)
+        dropped_groups = equal.height if cfg.drop_all_equal else 0
+    kept = df.filter(pl.Series(mask))
+    kept.write_parquet(out_uri)
+    return {"roc_kept": kept.height, "roc_dropped": df.height - kept.height, "roc_dropped_groups": int(dropped_groups)}
+
+
+def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
+    """The per-step curves of the paper (Fig. 4, 8): reward, tool errors among positives, format, length, clipping."""
+    df, kept = pl.read_parquet(scored_uri), pl.read_parquet(kept_uri)
+    pos, kpos = df.filter(pl.col("reward") > 0), kept.filter(pl.col("reward") > 0)
+    err_rate = lambda d: float((d["p_err"].filter(d["num_tool_calls"] > 0) > 0).mean() or 0.0) if d.height else 0.0
+    return {
+        "reward_mean": float(df["reward"].mean()), "pass1_train": float(df.group_by("problem_id").agg(
+            pl.col("reward").mean())["reward"].mean()),
+        "tool_error_rate_pos": err_rate(pos), "tool_error_rate_pos_kept": err_rate(kpos),
+        "format_violation_rate": float((df["p_format"] > 0).mean()),
+        "no_tool_rate": float((df["num_tool_calls"] == 0).mean()),
+        "response_len_mean": float(df["response_len"].mean()), "truncation_rate": float(df["truncated"].mean()),
+        "turns_mean": float(df["num_turns"].mean()),
+    }
+
+
+def evaluate(generate, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg, max_model_len: int,
+             sandbox_cfg: SandboxCfg, out_uri: str, on_turn=None) -> dict:
+    """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config)."""
+    df = validate(pl.read_parquet(problems_uri))
+    if cfg.n_problems:
+        df = df.head(cfg.n_problems)
+    limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
+                        max_response_tokens=cfg.max_response_tokens)
+    info = rollout_to_parquet(generate, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
+                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_turn)
+    scored = score(out_uri, sandbox_cfg, out_uri)
+    res = pl.read_parquet(out_uri)
+    per_problem = res.group_by("problem_id").agg(pl.col("reward").mean())
+    return {"pass1": float(per_problem["reward"].mean()), "samples": cfg.samples, "problems": per_problem.height,
+            "response_len_mean": float(res["response_len"].mean()), "eval_s": info["rollout_s"], **scored}

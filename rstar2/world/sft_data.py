@@ -1,0 +1,88 @@
+"""Non-reasoning SFT transcripts that teach the format and the tool protocol (paper §4.1), deliberately noisy.
+
+A real SFT'd policy is not clean: it sometimes answers without the tool (usually wrong), writes buggy code and fixes it
+after a traceback, or slips on the answer format. That noise is what GRPO-RoC exists to clean up, so the mix is
+configurable. Each transcript is a list of segments (text, trainable): prompt and tool turns carry loss mask 0.
+"""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+
+from rstar2 import template as T
+from rstar2.sandbox import ExecResult
+from rstar2.tool_parser import format_tool_response
+
+MODES = ("clean", "buggy_fix", "no_tool", "format_slip")
+SFT_SCHEMA = {"problem_id": pl.String, "mode": pl.String, "texts": pl.List(pl.String), "trainable": pl.List(pl.Boolean)}
+
+_USE_TOOL = "I will compute this with Python."
+_NO_TOOL = "I can compute this directly."
+
+
+def _ok(stdout: str) -> str:
+    return format_tool_response(ExecResult("ok", stdout + "\n", "", 0, 0.0, 0.0))
+
+
+def _err(stderr: str) -> str:
+    return format_tool_response(ExecResult("error", "", stderr, 1, 0.0, 0.0))
+
+
+def _bug(code: str, r: random.Random) -> tuple[str, str]:
+    """A plausible first attempt that fails, and the error the sandbox reports for it."""
+    kind = r.choice(["name", "syntax"])
+    if kind == "name" and "print(" in code:
+        return code.replace("print(", "print(x + ", 1), "NameError: name 'x' is not defined"
+    return code.rstrip(")"), "SyntaxError: '(' was never closed"
+
+
+def _answer(answer: str) -> str:
+    return f"{T.ANSWER_OPEN}\nThe answer is \\boxed{{{answer}}}.\n{T.ANSWER_CLOSE}{T.IM_END}"
+
+
+def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random) -> list[tuple[str, bool]]:
+    """Segments of one SFT example for `mode` (one of MODES)."""
+    segs: list[tuple[str, bool]] = [(T.build_prompt(prompt), False)]
+    say = lambda text: segs.append((text, True))  # noqa: E731 - assistant (trainable) text
+    tool = lambda text: segs.append((T.tool_turn(text), False))  # noqa: E731 - tool turn (masked)
+    if mode == "no_tool":
+        say(f"\n{_NO_TOOL}\n{T.REASON_CLOSE}\n{_answer(answer)}")
+        return segs
+    if mode == "buggy_fix":
+        bad, err = _bug(code, r)
+        say(f"\n{_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(bad)}{T.IM_END}")
+        tool(_err(err))
+        say(f"\nThe code failed. I will fix it.\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
+    else:
+        say(f"\n{_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
+    tool(_ok(answer))
+    closing = f"\nThe code printed the result.\n{T.REASON_CLOSE}\n"
+    if mode == "format_slip":
+        slip = r.choice(["no_tags", "no_box", "twice"])
+        if slip == "no_tags":  # no <answer> block: reward 0, p_format 1
+            say(f"{closing}The answer is \\boxed{{{answer}}}.{T.IM_END}")
+        elif slip == "no_box":  # nothing to extract: reward 0
+            say(f"{closing}{T.ANSWER_OPEN}\nThe answer is {answer}.\n{T.ANSWER_CLOSE}{T.IM_END}")
+        else:  # two answer blocks: still correct, but p_format > 0
+            say(f"{closing}{T.ANSWER_OPEN}\n{answer}\n{T.ANSWER_CLOSE}\n{_answer(answer)}")
+        return segs
+    say(f"{closing}{_answer(answer)}")
+    return segs
+
+
+def build(problems: pl.DataFrame, mix: dict[str, float], seed: int) -> pl.DataFrame:
+    """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1)."""
+    unknown = set(mix) - set(MODES)
+    if unknown or not any(w > 0 for w in mix.values()):
+        raise ValueError(f"SFT mix must weight some of {MODES}; got {mix}")
+    r = random.Random(seed)
+    modes, weights = zip(*[(m, w) for m, w in mix.items() if w > 0])
+    rows = []
+    for p in problems.iter_rows(named=True):
+        mode = r.choices(modes, weights)[0]
+        segs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r)
+        rows.append(dict(problem_id=p["problem_id"], mode=mode, texts=[s for s, _ in segs],
+                         trainable=[t for _, t in segs]))
+    return pl.DataFrame(rows, schema=SFT_SCHEMA)

@@ -1,0 +1,40 @@
+"""A byte-level BPE tokenizer trained locally on the world's text, saved as a transformers tokenizer.
+
+Digits are split one per token: a tiny model copies numbers between problem, code, tool output and answer far more
+reliably digit by digit than through arbitrary multi-digit merges.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from rstar2 import template as T
+
+
+def train(corpus: Iterable[str], vocab_size: int, out_dir: Path) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=T.SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token=T.IM_END, pad_token=T.PAD,
+                                   unk_token=None, additional_special_tokens=T.SPECIAL_TOKENS)
+    fast.chat_template = T.CHAT_TEMPLATE
+    fast.model_max_length = 4096
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def load(path: str | Path) -> PreTrainedTokenizerFast:
+    """Load the world tokenizer exactly as trained. (AutoTokenizer would map a Qwen2 config to Qwen2Tokenizer and
+    swap in Qwen's pre-tokenizer regex; token ids must match what SFT and the trainer saw.)"""
+    return PreTrainedTokenizerFast.from_pretrained(str(path))

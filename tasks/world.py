@@ -1,0 +1,33 @@
+import dataclasses
+import json
+from pathlib import Path
+
+from prefect import task
+
+from rstar2 import sft
+from rstar2.config import RunCfg
+from rstar2.world import build
+
+
+@task(name="build-world", cache_policy=None, retries=0)
+def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
+    return build.build(cfg, Path(out_dir))
+
+
+@task(name="sft", cache_policy=None)
+def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
+    """Non-reasoning SFT; returns the SFT model dir (committed only when training finished)."""
+    from rstar2 import checkpoint
+    from rstar2.progress import bar
+
+    if checkpoint.is_committed(Path(out_dir)):
+        return out_dir  # a retried campaign does not redo a finished SFT
+    s = cfg.sft
+    with bar("SFT") as progress:
+        def write(tmp: Path) -> None:
+            res = sft.train(Path(init_model), Path(sft_data), tmp, epochs=s.epochs, lr=s.lr,
+                            batch_tokens=s.batch_tokens, warmup_frac=s.warmup_frac, seed=cfg.seed,
+                            device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)
+            (tmp / "sft_result.json").write_text(json.dumps(dataclasses.asdict(res)))
+        checkpoint.commit(Path(out_dir), write, {"kind": "sft"})
+    return out_dir

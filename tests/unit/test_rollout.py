@@ -1,0 +1,71 @@
+"""The agent loop's logic around the engine: a scripted policy stands in for vLLM here (the real engine runs in
+the end-to-end flow test); the sandbox is the real one."""
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from rstar2 import rollout, template as T
+from rstar2.sandbox import LocalSandbox, SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def tok():
+    # a byte-level tokenizer: every byte is a token, special tokens are single ids
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    from tokenizers import decoders, trainers
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(["x"], trainers.BpeTrainer(vocab_size=300, special_tokens=T.SPECIAL_TOKENS,
+                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token=T.IM_END, pad_token=T.PAD)
+
+
+def scripted(tok, turns_by_problem):
+    """generate() that replies with the next scripted turn of each trajectory's problem."""
+    def generate(prompts, max_tokens):
+        outs = []
+        for p, m in zip(prompts, max_tokens):
+            text = tok.decode(p, skip_special_tokens=False)
+            pid = next(k for k in turns_by_problem if k in text)
+            turn = text.count(T.IM_START + "assistant") - 1
+            ids = tok(turns_by_problem[pid][turn], add_special_tokens=False)["input_ids"]
+            outs.append((ids[:m], "length" if len(ids) > m else "stop"))
+        return outs
+    return generate
+
+
+CALL = "\nuse python\n" + T.REASON_CLOSE + "\n" + T.tool_call_text("print(6 * 7)") + T.IM_END
+ANSWER = "\ndone\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + T.IM_END
+
+
+def run(tok, script, **limits):
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    with LocalSandbox(SandboxLimits(timeout_s=5), workers=2) as sb:
+        return {t.problem_id: t for t in rollout.run(scripted(tok, script), sb, tok, problems, 1,
+                                                     rollout.RolloutLimits(**limits))}
+
+
+def test_tool_turn_masks_and_statuses(tok):
+    broken = "\n" + T.REASON_CLOSE + "\n" + T.TOOL_CALL_OPEN + '\n{"name": oops}\n' + T.TOOL_CALL_CLOSE + T.IM_END
+    t = run(tok, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
+    a = t["zqa"]
+    assert a.tool_statuses == ["ok"] and a.num_turns == 2 and not a.truncated
+    text = tok.decode(a.response_ids, skip_special_tokens=False)
+    assert "stdout: 42" in text and text.endswith(ANSWER)
+    tool_part = tok.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 0], skip_special_tokens=False)
+    model_part = tok.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 1], skip_special_tokens=False)
+    assert tool_part == T.tool_turn(tool_part.split("\n", 2)[2].rsplit("\n" + T.TOOL_RESPONSE_CLOSE, 1)[0])
+    assert model_part == CALL + ANSWER  # every model token has mask 1, every tool token mask 0
+    assert t["zqb"].tool_statuses == ["parse_error"] and "Failed to decode tool call" in \
+        tok.decode(t["zqb"].response_ids, skip_special_tokens=False)
+    assert t["zqc"].tool_statuses == [] and t["zqc"].num_turns == 1
+
+
+def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok):
+    t = run(tok, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
+    assert t.truncated and t.num_turns == 2 and t.loss_mask[-1] == 1
+    short = run(tok, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
+    assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
+    cut = run(tok, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
+    assert cut.truncated and len(cut.response_ids) == 5

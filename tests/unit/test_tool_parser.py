@@ -1,0 +1,79 @@
+"""Tool-call parsing of one assistant turn and the tool-response text (implementation notes §4.3)."""
+
+import json
+
+from rstar2.sandbox import ExecRequest, ExecResult
+from rstar2.template import TOOL_NAME, tool_call_text
+from rstar2.tool_parser import (ToolCall, format_tool_response, parse_tool_calls, tool_call_to_request,
+                                truncate_middle)
+
+
+def test_no_tool_call():
+    assert parse_tool_calls("just thinking </reason> <answer>\\boxed{1}</answer>").calls == []
+    assert parse_tool_calls("just thinking").error is None
+
+
+def test_good_call_from_template():
+    turn = "Let me compute.\n" + tool_call_text("print(input())", "7") + "<|im_end|>"
+    parsed = parse_tool_calls(turn)
+    assert parsed.error is None
+    assert parsed.calls == [ToolCall(TOOL_NAME, {"code": "print(input())", "input": "7"})]
+    assert tool_call_to_request(parsed.calls[0]) == ExecRequest(code="print(input())", stdin="7")
+
+
+def test_two_calls_in_order():
+    parsed = parse_tool_calls(tool_call_text("1") + " then " + tool_call_text("2"))
+    assert parsed.error is None and [c.arguments["code"] for c in parsed.calls] == ["1", "2"]
+
+
+def test_broken_json_keeps_earlier_calls():
+    turn = tool_call_text("1") + '<tool_call>\n{"name": "x", arguments: {}}\n</tool_call>'
+    parsed = parse_tool_calls(turn)
+    assert parsed.error.startswith("Failed to decode tool call: Expecting property name")
+    assert [c.arguments["code"] for c in parsed.calls] == ["1"]
+
+
+def test_missing_closing_tag():
+    parsed = parse_tool_calls('<tool_call>\n{"name": "%s", "arguments": {"code": "1"}}' % TOOL_NAME)
+    assert parsed.calls == [] and parsed.error.startswith("Failed to decode tool call:")
+    assert "</tool_call>" in parsed.error
+
+
+def test_missing_keys_and_wrong_types():
+    for body, needle in [('{"name": "%s"}' % TOOL_NAME, "'arguments'"), ('{"arguments": {}}', "'name'"),
+                         ('[1, 2]', "JSON object"), ('{"name": 3, "arguments": {}}', "'name' must be"),
+                         ('{"name": "f", "arguments": [1]}', "'arguments' must be")]:
+        parsed = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+        assert parsed.calls == [] and parsed.error.startswith("Failed to decode tool call:") and needle in parsed.error
+    assert parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>").error.startswith("Failed to decode")
+
+
+def test_arguments_as_json_string():
+    args = json.dumps({"code": "print(2)", "input": ""})
+    parsed = parse_tool_calls("<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": args}) + "</tool_call>")
+    assert parsed.error is None and parsed.calls[0].arguments == {"code": "print(2)", "input": ""}
+
+
+def test_unknown_tool_and_bad_arguments():
+    assert tool_call_to_request(ToolCall("WolframAlpha", {"code": "1"})).startswith(
+        "Error when executing tool: unknown tool 'WolframAlpha'")
+    assert tool_call_to_request(ToolCall(TOOL_NAME, {"input": "1"})).startswith("Error when executing tool:")
+    assert tool_call_to_request(ToolCall(TOOL_NAME, {"code": "1", "input": 5})).startswith("Error when executing")
+    assert tool_call_to_request(ToolCall(TOOL_NAME, {"code": "1"})) == ExecRequest("1", "")  # input optional
+
+
+def test_format_tool_response():
+    ok = ExecResult("ok", "42\n", "warning", 0, 0.1, 0.1)
+    assert format_tool_response(ok) == "Tool call success\nstdout: 42\n"
+    bad = ExecResult("error", "", "Traceback...\nValueError: x\n", 1, 0.1, 0.1)
+    expected = "Tool call failure\nreason: error\nstdout: \nstderr: Traceback...\nValueError: x\n"
+    assert format_tool_response(bad) == expected
+    assert "0.1" not in format_tool_response(ExecResult("timeout", "", "", None, 4.0, 4.0))
+
+
+def test_truncation_keeps_head_and_tail_within_budget():
+    long = ExecResult("ok", "A" + "x" * 5000 + "Z", "", 0, 0.1, 0.1)
+    text = format_tool_response(long, max_chars=256)
+    assert len(text) == 256 and "...(truncated)..." in text
+    assert text.startswith("Tool call success\nstdout: Ax") and text.endswith("xZ")
+    assert truncate_middle("short", 256) == "short"
