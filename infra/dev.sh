@@ -15,11 +15,15 @@ ensure_env() {
   local want; want="$(sha256sum "$lock" pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
   echo "[rstar2] creating $venv from $lock (about 3-4 minutes the first time)" >&2
+  local log="$root/.rstar2/pip-install.log"
+  mkdir -p "$root/.rstar2"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q -U "pip==26.3"
-  # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break vllm.
-  DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-deps -r "$lock"
-  "$venv/bin/pip" install -q --no-deps -e .
+  {
+    "$venv/bin/pip" install -U "pip==26.3"
+    # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break vllm.
+    DS_BUILD_OPS=0 "$venv/bin/pip" install --no-deps -r "$lock"
+    "$venv/bin/pip" install --no-deps -e .
+  } > "$log" 2>&1 || { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
   echo "$want" > "$stamp"
 }
 

@@ -15,6 +15,7 @@ from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.trainer import PolicyTrainer
 
 NAMESPACE = "rstar2"
+_HANDLES: dict[str, object] = {}  # a non-detached actor lives while the driver holds a handle to it
 _STATE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_CONFIGURE_LOGGING",
               "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR", "TMPDIR",
               "VLLM_NO_USAGE_STATS", "TOKENIZERS_PARALLELISM", "RSTAR2_SANDBOX_PYTHON")
@@ -50,10 +51,11 @@ def start(run_id: str, cfg: RunCfg, model_dir: str) -> tuple[list[str], str]:
                           kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization)
         # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once
-        ray.remote(num_cpus=0, num_gpus=gpu)(VLLMEngine).options(name=name, max_concurrency=1).remote(spec)
+        _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(VLLMEngine).options(
+            name=name, max_concurrency=1).remote(spec)
     if not _alive(trainer_name):
-        ray.remote(num_cpus=0, num_gpus=gpu)(PolicyTrainer).options(name=trainer_name).remote(
-            model_dir, cfg.trainer, cfg.seed, threads)
+        _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpu)(PolicyTrainer).options(
+            name=trainer_name).remote(model_dir, cfg.trainer, cfg.seed, threads)
     for name in engine_names + [trainer_name]:
         ray.get(get(name).__ray_ready__.remote())
     return engine_names, trainer_name
@@ -76,6 +78,7 @@ def stop(names: list[str]) -> None:
     for name in names:
         if _alive(name):
             ray.kill(get(name))
+        _HANDLES.pop(name, None)
 
 
 def engine_generate(engine_names: list[str], temperature: float, top_p: float):

@@ -36,6 +36,7 @@ class WorldCfg(_Cfg):
 class SFTCfg(_Cfg):
     enabled: bool = True
     mix: dict[str, float] = {"clean": 0.4, "buggy_fix": 0.15, "no_tool": 0.3, "format_slip": 0.15}
+    system_prompt_frac: float = 1.0  # share of SFT examples that carry the system prompt
     epochs: float = 1.0
     lr: float = 2e-3
     batch_tokens: int = 4096

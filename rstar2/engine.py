@@ -53,6 +53,7 @@ class VLLMEngine:
         """Reload weights in place from a checkpoint directory (safetensors); returns seconds taken."""
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+        self.llm.collective_rpc(_repack_cpu_lm_head)
         self.llm.reset_prefix_cache()
         self.weights_version = model_dir
         return time.perf_counter() - t0
@@ -61,3 +62,16 @@ class VLLMEngine:
         cfg = self.llm.llm_engine.vllm_config.cache_config
         return {"start_s": self.start_s, "weights": self.weights_version, "num_gpu_blocks": cfg.num_gpu_blocks,
                 "block_size": cfg.block_size, "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+
+
+def _repack_cpu_lm_head(worker) -> None:
+    """vLLM's CPU backend multiplies by a pre-packed copy of the LM head. `reload_weights` updates the (tied)
+    embedding but skips the head ("ParallelLMHead: Failed to load weights"), so without this the engine would keep
+    sampling from the old output layer: measured, RL-shifted probabilities never reached the rollouts."""
+    from vllm.platforms import current_platform
+
+    head = getattr(worker.model_runner.model, "lm_head", None)
+    if current_platform.is_cpu() and head is not None and hasattr(head, "cpu_linear"):
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(head, remove_weight=False)

@@ -83,11 +83,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_prompt(question: str) -> str:
-    """The full prompt text for a problem, ending with the pre-filled `<reason>`."""
+def build_prompt(question: str, system: bool = True) -> str:
+    """The full prompt text for a problem, ending with the pre-filled `<reason>`. RL and evaluation always use the
+    system prompt; SFT data may leave it out (general instruction data has none, paper §4.1)."""
     return (
-        f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n"
-        f"{IM_START}user\n{USER_PREFIX}{question}{IM_END}\n"
+        (f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n" if system else "")
+        + f"{IM_START}user\n{USER_PREFIX}{question}{IM_END}\n"
         f"{IM_START}assistant\n{REASON_OPEN}"
     )
 

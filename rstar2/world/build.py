@@ -27,7 +27,7 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     splits["sft"].write_parquet(uris["sft_problems"])
     splits["train"].write_parquet(uris["train"])
     splits["test"].write_parquet(uris["test"])
-    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed)
+    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac)
     sft.write_parquet(uris["sft_data"])
     corpus = ["".join(t) for t in sft["texts"].to_list()]
     tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer")

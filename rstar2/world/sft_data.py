@@ -42,9 +42,10 @@ def _answer(answer: str) -> str:
     return f"{T.ANSWER_OPEN}\nThe answer is \\boxed{{{answer}}}.\n{T.ANSWER_CLOSE}{T.IM_END}"
 
 
-def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random) -> list[tuple[str, bool]]:
+def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random,
+               system: bool = True) -> list[tuple[str, bool]]:
     """Segments of one SFT example for `mode` (one of MODES)."""
-    segs: list[tuple[str, bool]] = [(T.build_prompt(prompt), False)]
+    segs: list[tuple[str, bool]] = [(T.build_prompt(prompt, system), False)]
     say = lambda text: segs.append((text, True))  # noqa: E731 - assistant (trainable) text
     tool = lambda text: segs.append((T.tool_turn(text), False))  # noqa: E731 - tool turn (masked)
     if mode == "no_tool":
@@ -72,8 +73,10 @@ def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random)
     return segs
 
 
-def build(problems: pl.DataFrame, mix: dict[str, float], seed: int) -> pl.DataFrame:
-    """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1)."""
+def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac: float = 1.0) -> pl.DataFrame:
+    """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1); a `system_frac` share
+    carries the system prompt. Leaving it out of most SFT examples halves their length, so a CPU budget sees twice
+    the examples; the format and tool protocol do not depend on it."""
     unknown = set(mix) - set(MODES)
     if unknown or not any(w > 0 for w in mix.values()):
         raise ValueError(f"SFT mix must weight some of {MODES}; got {mix}")
@@ -82,7 +85,7 @@ def build(problems: pl.DataFrame, mix: dict[str, float], seed: int) -> pl.DataFr
     rows = []
     for p in problems.iter_rows(named=True):
         mode = r.choices(modes, weights)[0]
-        segs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r)
+        segs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r, system=r.random() < system_frac)
         rows.append(dict(problem_id=p["problem_id"], mode=mode, texts=[s for s, _ in segs],
                          trainable=[t for _, t in segs]))
     return pl.DataFrame(rows, schema=SFT_SCHEMA)
