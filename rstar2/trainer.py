@@ -64,7 +64,7 @@ class PolicyTrainer:
         t0 = time.perf_counter()
         df = pl.read_parquet(batch_parquet)
         if df.height == 0:
-            return {"skipped": 1.0, "update_s": 0.0}
+            return {"skipped": 1.0, "update_s": 0.0, "update_tokens": 0}  # every group was all-equal: no signal
         c = self.cfg
         gid = torch.as_tensor(df["problem_id"].cast(pl.Categorical).to_physical().to_list())
         adv = grpo.group_advantages(torch.as_tensor(df["reward"].to_list(), dtype=torch.float32), gid)  # (N,)
