@@ -95,7 +95,7 @@ class PolicyTrainer:
                 loss.backward()
                 tokens += int(attn.sum())
                 for k, v in {"loss": loss, **st}.items():
-                    stats[k] = stats.get(k, 0.0) + float(v) * (float(mask.sum()) / max(1, n_tok) if k != "loss" else 1)
+                    stats[k] = stats.get(k, 0.0) + float(v.detach()) * (float(mask.sum()) / max(1, n_tok) if k != "loss" else 1)
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
             self.opt.step()
             self.sched.step()
