@@ -78,3 +78,8 @@ def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg,
 def load_weights(actors: dict, model_dir: str) -> str:
     ray.get([cluster.get(e).load_weights.remote(model_dir) for e in actors["engines"]])
     return model_dir
+
+
+@task(name="reset-optimizer", cache_policy=None)
+def reset_optimizer(actors: dict) -> None:
+    ray.get(cluster.get(actors["trainer"]).reset_optimizer.remote())
