@@ -20,8 +20,10 @@ class WorldCfg(_Cfg):
     kinds: list[str] = ["mul", "add", "mod", "range_sum", "divisors", "comb"]
     n_sft: int = 6000
     n_train: int = 2000
+    n_val: int = 200  # drawn like train, never trained on: for tuning and stage decisions, so test stays held out
     n_test: int = 200
     vocab_size: int = 2048
+    digits_per_token: int = 3  # numbers are cut into chunks of at most this many digits before BPE
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -30,12 +32,14 @@ class WorldCfg(_Cfg):
     max_positions: int = 2048
     base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
     train_data: str | None = None  # Parquet with problem_id, prompt, answer (instead of the generator)
+    val_data: str | None = None
     test_data: str | None = None
 
 
 class SFTCfg(_Cfg):
     enabled: bool = True
     mix: dict[str, float] = {"clean": 0.4, "buggy_fix": 0.15, "no_tool": 0.3, "format_slip": 0.15}
+    mix_by_kind: dict[str, dict[str, float]] = {}  # problem kind -> its own mix (noise that depends on the kind)
     system_prompt_frac: float = 1.0  # share of SFT examples that carry the system prompt
     epochs: float = 1.0
     lr: float = 2e-3
@@ -114,6 +118,7 @@ class EvalCfg(_Cfg):
     max_response_tokens: int = 30000
     n_problems: int | None = None  # None = the whole held-out split
     every: int = 0  # also evaluate every N RL steps (0 = only at stage end)
+    split: Literal["test", "val"] = "test"  # tune on "val"; report on "test"
 
 
 class RunCfg(_Cfg):

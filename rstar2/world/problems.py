@@ -16,7 +16,7 @@ import polars as pl
 
 PROBLEM_SCHEMA = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String,
                   "solution_code": pl.String}
-SPLITS = ("sft", "train", "test")
+SPLITS = ("sft", "train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def generate(seed: int, sizes: dict[str, int], kinds: list[str] | None = None) -
     r = random.Random(seed)
     seen: set[str] = set()
     out: dict[str, pl.DataFrame] = {}
-    for split in ("test", "train", "sft"):
+    for split in ("test", "val", "train", "sft"):  # test first: its problems do not move when other sizes change
         rows: list[dict] = []
         live = list(kinds)
         misses = dict.fromkeys(kinds, 0)

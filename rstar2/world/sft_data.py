@@ -73,19 +73,27 @@ def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random,
     return segs
 
 
-def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac: float = 1.0) -> pl.DataFrame:
-    """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1); a `system_frac` share
-    carries the system prompt. Leaving it out of most SFT examples halves their length, so a CPU budget sees twice
-    the examples; the format and tool protocol do not depend on it."""
-    unknown = set(mix) - set(MODES)
-    if unknown or not any(w > 0 for w in mix.values()):
-        raise ValueError(f"SFT mix must weight some of {MODES}; got {mix}")
+def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac: float = 1.0,
+          mix_by_kind: dict[str, dict[str, float]] | None = None) -> pl.DataFrame:
+    """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1), or from
+    `mix_by_kind[source]` for the kinds it names: a real SFT'd policy's noise is not uniform (it trusts itself on
+    problems that look easy). A `system_frac` share carries the system prompt. Leaving it out of most SFT examples
+    halves their length, so a CPU budget sees twice the examples; the format and tool protocol do not depend on it."""
+    mixes = {None: _checked(mix), **{k: _checked(m) for k, m in (mix_by_kind or {}).items()}}
     r = random.Random(seed)
-    modes, weights = zip(*[(m, w) for m, w in mix.items() if w > 0])
     rows = []
     for p in problems.iter_rows(named=True):
+        modes, weights = mixes.get(p.get("source"), mixes[None])
         mode = r.choices(modes, weights)[0]
         segs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r, system=r.random() < system_frac)
         rows.append(dict(problem_id=p["problem_id"], mode=mode, texts=[s for s, _ in segs],
                          trainable=[t for _, t in segs]))
     return pl.DataFrame(rows, schema=SFT_SCHEMA)
+
+
+def _checked(mix: dict[str, float]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    unknown = set(mix) - set(MODES)
+    if unknown or not any(w > 0 for w in mix.values()):
+        raise ValueError(f"SFT mix must weight some of {MODES}; got {mix}")
+    modes, weights = zip(*[(m, w) for m, w in mix.items() if w > 0])
+    return modes, weights

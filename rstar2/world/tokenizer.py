@@ -1,9 +1,11 @@
 """A byte-level BPE tokenizer trained locally on the world's text, saved as a transformers tokenizer.
 
-Numbers are cut into chunks of at most three digits before BPE (so "29479" -> "294" "79"), and the vocabulary is
-large enough for BPE to merge every chunk into one token. Copying a number between the problem, the code, the tool
-output and the answer then means copying one or two tokens. Measured: with digit-per-token the model had not learned
-to copy after ~800 SFT steps; with these chunks (and short SFT examples) copying appears after ~700-1000 steps.
+Numbers are cut into chunks of at most `digits_per_token` (default 3) digits before BPE (so "29479" -> "294" "79"),
+and the vocabulary is large enough for BPE to merge every chunk into one token. Copying a number between the problem,
+the code, the tool output and the answer then means copying one or two tokens. Measured (teacher-forced exact copy
+of every number in held-out clean transcripts, 4-layer model, lr 2e-3): with 1-digit tokens nothing was copied after
+1,200 steps; with 2- and 3-digit chunks copying starts between 900 and 1,500 steps, and 2-digit numbers are copied
+well before 3-digit ones.
 Merges may span spaces (no word regex): the fixed system prompt compresses to a few dozen tokens.
 """
 
@@ -18,10 +20,10 @@ from transformers import PreTrainedTokenizerFast
 from rstar2 import template as T
 
 
-def train(corpus: Iterable[str], vocab_size: int, out_dir: Path) -> PreTrainedTokenizerFast:
+def train(corpus: Iterable[str], vocab_size: int, out_dir: Path, digits_per_token: int = 3) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(rf"\d{{1,{digits_per_token}}}"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()

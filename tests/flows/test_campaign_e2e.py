@@ -67,3 +67,20 @@ def test_mlflow_has_nested_runs_with_step_metrics(campaign_run):
     for key in ("tool_error_rate_pos", "format_violation_rate", "response_len_mean", "truncation_rate",
                 "roc_kept", "roc_dropped", "step_s", "update_s", "update_tokens"):
         assert key in children[0].data.metrics, key
+
+
+def test_prefect_records_the_step_dag_the_ui_draws(campaign_run):
+    """The UI draws a flow run's graph from each task run's recorded inputs; check those edges on the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+    from prefect.client.schemas.objects import TaskRunResult
+
+    with get_client(sync_client=True) as client:
+        steps = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-step-1"])))
+        assert steps, "no rl-step flow run recorded"
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[steps[-1].id])))
+    names = {r.id: r.name.rsplit("-", 1)[0] for r in runs}  # task run names are "<task>-<suffix>"
+    edges = {(names[i.id], names[r.id]) for r in runs for inputs in r.task_inputs.values() for i in inputs
+             if isinstance(i, TaskRunResult) and i.id in names}
+    assert {("rollout", "score"), ("score", "sandbox-execution-stats"), ("score", "roc-filter"),
+            ("roc-filter", "batch-metrics"), ("roc-filter", "grpo-update"), ("grpo-update", "checkpoint")} <= edges

@@ -5,12 +5,14 @@ from rstar2.world import problems
 
 
 def test_deterministic_disjoint_and_correct():
-    a = problems.generate(7, {"sft": 300, "train": 120, "test": 60})
-    b = problems.generate(7, {"sft": 300, "train": 120, "test": 60})
+    sizes = {"sft": 300, "train": 120, "val": 30, "test": 60}
+    a, b = problems.generate(7, sizes), problems.generate(7, sizes)
     for split in problems.SPLITS:
-        assert a[split].equals(b[split])
+        assert a[split].equals(b[split]) and a[split].height == sizes[split]
     prompts = [set(a[s]["prompt"]) for s in problems.SPLITS]
-    assert not (prompts[0] & prompts[1]) and not (prompts[0] & prompts[2]) and not (prompts[1] & prompts[2])
+    assert all(not (p & q) for i, p in enumerate(prompts) for q in prompts[i + 1:])
+    # the held-out split is drawn first, so resizing the others never moves it
+    assert problems.generate(7, {"sft": 10, "train": 5, "test": 60})["test"].equals(a["test"])
     assert a["test"].height == 60 and set(a["test"]["source"]) == set(problems.KINDS)
     for row in a["test"].iter_rows(named=True):  # the reference code's output is the label
         assert problems.solve(row["solution_code"]) == row["answer"]

@@ -1,5 +1,6 @@
 import random
 
+import polars as pl
 import pytest
 
 from rstar2 import reward, roc, template as T
@@ -46,3 +47,13 @@ def test_mix_is_respected_and_validated():
     assert 0.65 < share < 0.85 and set(df["mode"]) == {"clean", "no_tool"}
     with pytest.raises(ValueError, match="SFT mix"):
         sft_data.build(probs, {"telepathy": 1.0}, seed=0)
+
+
+def test_mix_by_kind_overrides_the_default_for_that_kind_only():
+    probs = problems.generate(0, {"sft": 600})["sft"]
+    df = sft_data.build(probs, {"clean": 1.0}, seed=0, mix_by_kind={"mod": {"no_tool": 1.0}})
+    df = df.join(probs.select("problem_id", "source"), on="problem_id")
+    assert set(df.filter(pl.col("source") == "mod")["mode"]) == {"no_tool"}
+    assert set(df.filter(pl.col("source") != "mod")["mode"]) == {"clean"}
+    with pytest.raises(ValueError, match="SFT mix"):
+        sft_data.build(probs, {"clean": 1.0}, seed=0, mix_by_kind={"mod": {"no_tool": 0.0}})
