@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
 from rstar2 import cluster, config, tracking
+from rstar2.world.build import eval_split
 from flows.train_stage import train_stage
 from tasks import rl
 from tasks.world import build_world, run_sft
@@ -40,7 +41,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         model = run_sft(cfg, world["init_model"], world["sft_data"], str(Path(run_dir) / "sft")) \
             if cfg.sft.enabled else world["init_model"]
         actors = rl.start_actors(run_name, cfg, model)
-        evaluate = lambda m, name: rl.evaluate(actors, m, world["test"], cfg.eval, cfg.world.max_positions,  # noqa
+        evaluate = lambda m, name: rl.evaluate(actors, m, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions,  # noqa
                                                cfg.sandbox, str(Path(run_dir) / "eval" / f"{name}.parquet"))
         before = evaluate(model, "sft")
         tracking.log_metrics(run_id, {f"eval_{k}": v for k, v in before.items()}, step=0)

@@ -9,6 +9,7 @@ from prefect import flow
 
 from rstar2 import tracking
 from rstar2.config import RunCfg, StageCfg
+from rstar2.world.build import eval_split
 from tasks import rl
 
 
@@ -30,7 +31,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
                          {"stage": stage.name, "step": step + 1, "global_step": global_step + 1})
     metrics = {**batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-        ev = rl.evaluate(actors, ckpt, world["test"], cfg.eval, cfg.world.max_positions, cfg.sandbox,
+        ev = rl.evaluate(actors, ckpt, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
                          str(d / "eval.parquet"))
         metrics.update({f"eval_{k}": v for k, v in ev.items()})
     tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
