@@ -85,7 +85,8 @@ def generate(seed: int, sizes: dict[str, int], kinds: list[str] | None = None) -
     """Disjoint splits (by prompt text), deterministic in `seed`; returns split name -> DataFrame.
 
     The held-out and RL splits are drawn first; a kind whose small space of distinct problems runs out (e.g. small
-    binomials) is skipped for the rest of the split, so only the SFT split (format teaching) ever lacks it."""
+    binomials) is skipped for the rest of the split, so only the SFT split (format teaching) and the val split
+    (drawn last, so that adding it changed no other split) can lack it."""
     kinds = kinds or list(KINDS)
     unknown = set(kinds) - set(KINDS)
     if unknown:
@@ -93,7 +94,7 @@ def generate(seed: int, sizes: dict[str, int], kinds: list[str] | None = None) -
     r = random.Random(seed)
     seen: set[str] = set()
     out: dict[str, pl.DataFrame] = {}
-    for split in ("test", "val", "train", "sft"):  # test first: its problems do not move when other sizes change
+    for split in ("test", "train", "sft", "val"):  # test first: it never moves; val last: adding it moves nothing
         rows: list[dict] = []
         live = list(kinds)
         misses = dict.fromkeys(kinds, 0)
