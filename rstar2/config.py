@@ -23,7 +23,7 @@ class WorldCfg(_Cfg):
     n_val: int = 200  # drawn like train, never trained on: for tuning and stage decisions, so test stays held out
     n_test: int = 200
     vocab_size: int = 2048
-    digits_per_token: int = 3  # numbers are cut into chunks of at most this many digits before BPE
+    digits_per_token: int = 2  # numbers are cut into chunks of at most this many digits before BPE
     hidden: int = 256
     layers: int = 4
     heads: int = 4

@@ -29,13 +29,13 @@ class Problem:
 
 
 def _mul(r: random.Random) -> tuple[str, str]:
-    a, b = r.randint(100, 999), r.randint(12, 99)
+    a, b = r.randint(12, 99), r.randint(12, 99)
     q = r.choice(["Compute {a} * {b}.", "What is the product of {a} and {b}?"]).format(a=a, b=b)
     return q, f"print({a} * {b})"
 
 
 def _add(r: random.Random) -> tuple[str, str]:
-    xs = [r.randint(100, 999) for _ in range(r.randint(3, 4))]
+    xs = [r.randint(10, 99) for _ in range(r.randint(3, 4))]
     q = r.choice(["What is {s}?", "Compute the sum {s}."]).format(s=" + ".join(map(str, xs)))
     return q, f"print({' + '.join(map(str, xs))})"
 
@@ -47,7 +47,7 @@ def _mod(r: random.Random) -> tuple[str, str]:
 
 
 def _range_sum(r: random.Random) -> tuple[str, str]:
-    a, b, p = r.randint(1, 60), r.randint(100, 300), r.choice([1, 2])
+    a, b, p = r.randint(1, 60), r.randint(61, 99), r.choice([1, 2])
     what = {1: "integers", 2: "squares of the integers"}[p]
     return f"What is the sum of the {what} from {a} to {b}?", f"print(sum(i ** {p} for i in range({a}, {b} + 1)))"
 

@@ -8,6 +8,7 @@ configurable. Each transcript is a list of segments (text, trainable): prompt an
 from __future__ import annotations
 
 import random
+import re
 
 import polars as pl
 
@@ -20,6 +21,13 @@ SFT_SCHEMA = {"problem_id": pl.String, "mode": pl.String, "texts": pl.List(pl.St
 
 _USE_TOOL = "I will compute this with Python."
 _NO_TOOL = "I can compute this directly."
+
+
+def _restate(prompt: str) -> str:
+    """Reasoning that first restates the problem's numbers. Copying a number twice, the second time from a nearby
+    ordered list, is learned ~600 SFT steps earlier than copying straight into code (measured, README Figures)."""
+    nums = re.findall(r"\d+", prompt)
+    return f"The number is {nums[0]}." if len(nums) == 1 else f"The numbers are {', '.join(nums)}."
 
 
 def _ok(stdout: str) -> str:
@@ -48,16 +56,17 @@ def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random,
     segs: list[tuple[str, bool]] = [(T.build_prompt(prompt, system), False)]
     say = lambda text: segs.append((text, True))  # noqa: E731 - assistant (trainable) text
     tool = lambda text: segs.append((T.tool_turn(text), False))  # noqa: E731 - tool turn (masked)
+    restated = _restate(prompt)
     if mode == "no_tool":
-        say(f"\n{_NO_TOOL}\n{T.REASON_CLOSE}\n{_answer(answer)}")
+        say(f"\n{restated} {_NO_TOOL}\n{T.REASON_CLOSE}\n{_answer(answer)}")
         return segs
     if mode == "buggy_fix":
         bad, err = _bug(code, r)
-        say(f"\n{_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(bad)}{T.IM_END}")
+        say(f"\n{restated} {_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(bad)}{T.IM_END}")
         tool(_err(err))
         say(f"\nThe code failed. I will fix it.\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
     else:
-        say(f"\n{_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
+        say(f"\n{restated} {_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
     tool(_ok(answer))
     closing = f"\nThe code printed the result.\n{T.REASON_CLOSE}\n"
     if mode == "format_slip":

@@ -57,3 +57,12 @@ def test_mix_by_kind_overrides_the_default_for_that_kind_only():
     assert set(df.filter(pl.col("source") != "mod")["mode"]) == {"clean"}
     with pytest.raises(ValueError, match="SFT mix"):
         sft_data.build(probs, {"clean": 1.0}, seed=0, mix_by_kind={"mod": {"no_tool": 0.0}})
+
+
+def test_every_mode_restates_the_problems_numbers_before_choosing_the_tool():
+    prompt, code = "What is the product of 47 and 83?", "print(47 * 83)"
+    for mode in sft_data.MODES:
+        first_turn = sft_data.transcript(prompt, "3901", code, mode, random.Random(0))[1][0]
+        assert first_turn.startswith("\nThe numbers are 47, 83. I ")
+    one = sft_data.transcript("How many positive divisors does 7190 have?", "8", "n = 7190", "clean", random.Random(0))
+    assert one[1][0].startswith("\nThe number is 7190. I will compute this with Python.")
