@@ -73,5 +73,13 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
         raise typer.Exit(2)
 
 
+from rstar2 import bench_sandbox  # noqa: E402
+from rstar2.sandbox.cli import app as sandbox_app  # noqa: E402
+
+app.add_typer(sandbox_app, name="sandbox")
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
+app.add_typer(bench_app, name="bench")
+bench_app.command("sandbox")(bench_sandbox.main)
+
 if __name__ == "__main__":
     app()

@@ -58,13 +58,25 @@ class RolloutCfg(_Cfg):
 
 
 class SandboxCfg(_Cfg):
-    workers: int = 4
+    """The code-execution service (rstar2/sandbox/): where it runs, its limits, and the reward check's timeout."""
+    backend: Literal["local", "http", "ray", "docker"] = "local"  # local = in this process
+    workers: int = 4  # executor slots (calls at once) per service; 2 per core is the sweet spot
     timeout_s: float = 4.0
     memory_mb: int = 512
     cpu_s: int = 4
+    max_processes: int = 64
+    max_file_mb: int = 16
+    tmpfs_mb: int = 64
     max_output_chars: int = 4000
-    verify_timeout_s: float = 2.0
-    verify_workers: int = 1
+    queue_size: int = 4096  # calls waiting beyond this block the caller (backpressure)
+    require: list[str] = []  # isolation layers that must be active, else the service refuses to start
+    urls: list[str] = []  # backend http: `rstar2 sandbox serve` servers
+    ray_actors: int = 1  # backend ray: services in the actor group
+    docker_image: str = "rstar2-sandbox:latest"  # backend docker: infra/docker/Dockerfile.sandbox
+    batch_size: int = 64  # remote backends: calls per batch (paper: up to 64)
+    senders: int = 8  # remote backends: batches in flight
+    retries: int = 4
+    verify_timeout_s: float = 2.0  # the reward check's own wall-clock limit per answer
 
 
 class RoCCfg(_Cfg):

@@ -2,23 +2,22 @@
 the ground truth (rule-based Math-Verify), else 0. No format reward, no tool-error penalty (paper §2.2.3).
 
 Unlike the released code (last `\\boxed{}` anywhere, PRIME heuristics first: notes §5, §10 row 6) we follow
-the paper: a stray `\\boxed{}` in a later `<reason>` block cannot decide the reward. Math-Verify enforces its
-timeouts with `signal.alarm`, so it runs only in a process's main thread: `Verifier` uses a spawned process
-pool (safe to create from a threaded trainer) and a per-item deadline, so a pathological answer that hangs
-in C code costs that item 0.0 and a pool restart, never a stalled training step.
+the paper: a stray `\\boxed{}` in a later `<reason>` block cannot decide the reward. As in the paper (§3.1) and the
+released code (notes §5), the check runs in the code-execution service, under its own wall-clock timeout: a
+pathological answer that hangs Math-Verify (even in C code, where its `signal.alarm` cannot interrupt) costs that
+item 0.0 and one killed sandbox child, never a stalled training step.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import math
-import multiprocessing as mp
 import threading
-import time
-from collections import deque
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
-from typing import Callable
+from collections import Counter
 
+from rstar2.sandbox import OK, ExecRequest
 from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN
 
 log = logging.getLogger(__name__)
@@ -68,82 +67,36 @@ def verify_one(pred: str | None, gold: str, timeout_s: float) -> float:
         return 0.0
 
 
-def _init_worker() -> None:
-    import math_verify  # noqa: F401  (pay the sympy import once per worker, not in the first item's deadline)
+VERIFY_CODE = "import json, math, sys, threading\n" + inspect.getsource(verify_one) + """
+_item = json.loads(sys.stdin.read())
+print(verify_one(_item["pred"], _item["gold"], _item["timeout_s"]))
+"""  # runs in the sandbox ("verify" executor: math-verify preloaded), one item per call, the answer on stdin
 
 
 class Verifier:
-    """Scores batches in worker processes. At most `workers` items are in flight, so each one's deadline
-    starts when it really starts; a hung item scores 0.0, the pool is killed and the other in-flight items
-    are re-run on a fresh one. `fn` is the per-item check (swappable for tests or other checkers)."""
+    """Scores batches through a sandbox backend (anything with `run_batch`), one call per item with an answer.
+    `timeout_s` is the verification's own wall-clock limit per item (Math-Verify's internal ones get the same);
+    `code` is the checking program (reads {"pred", "gold", "timeout_s"} as JSON on stdin, prints the score)."""
 
-    STARTUP_GRACE_S = 60.0  # extra time for items sent to a pool whose workers are still importing
-
-    def __init__(self, workers: int = 1, timeout_s: float = 2.0, *, item_deadline_s: float | None = None,
-                 fn: Callable[[str, str, float], float] = verify_one):
-        self.workers, self.timeout_s, self._fn = workers, timeout_s, fn
-        # parse(gold) + parse(pred) + verify, each under Math-Verify's own whole-second timeout, plus slack
-        self.item_deadline_s = item_deadline_s or 3 * max(1, math.ceil(timeout_s)) + 2.0
-        self._pool: ProcessPoolExecutor | None = None
-        self._warm = False
-        self.restarts = 0
-
-    def _kill_pool(self) -> None:
-        if self._pool is None:
-            return
-        procs = list(getattr(self._pool, "_processes", {}).values())  # no public terminate before 3.14
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        self._pool, self._warm = None, False
-        self.restarts += 1
+    def __init__(self, sandbox, timeout_s: float = 2.0, code: str = VERIFY_CODE):
+        self.sandbox, self.timeout_s, self.code = sandbox, timeout_s, code
+        self.last_statuses: Counter = Counter()  # sandbox statuses of the last batch's checks
 
     def score(self, responses: list[str], golds: list[str], truncated: list[bool]) -> list[float]:
         """Binary rewards in input order; truncated responses and responses without an answer get 0.0."""
         if not len(responses) == len(golds) == len(truncated):
             raise ValueError("responses, golds and truncated must have the same length")
+        todo = [(i, pred, gold) for i, (resp, gold, cut) in enumerate(zip(responses, golds, truncated))
+                if not cut and (pred := extract_answer(resp)) is not None]
+        reqs = [ExecRequest(self.code, json.dumps({"pred": pred, "gold": gold, "timeout_s": self.timeout_s}),
+                            timeout_s=self.timeout_s) for _, pred, gold in todo]
         scores = [0.0] * len(responses)
-        todo = deque((i, pred, gold) for i, (resp, gold, cut) in enumerate(zip(responses, golds, truncated))
-                     if not cut and (pred := extract_answer(resp)) is not None)
-        running: dict = {}  # future -> (index, pred, gold, deadline)
-        while todo or running:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
-                                                 initializer=_init_worker)
-            while todo and len(running) < self.workers:
-                i, pred, gold = todo.popleft()
-                deadline = time.monotonic() + self.item_deadline_s + (0 if self._warm else self.STARTUP_GRACE_S)
-                running[self._pool.submit(self._fn, pred, gold, self.timeout_s)] = (i, pred, gold, deadline)
-            nearest = min(d for *_, d in running.values())
-            done, _ = wait(running, timeout=max(0.0, nearest - time.monotonic()), return_when=FIRST_COMPLETED)
-            failed = []
-            for fut in done:
-                i = running.pop(fut)[0]
-                try:
-                    scores[i], self._warm = float(fut.result()), True
-                except Exception as e:  # a worker died (BrokenProcessPool) or the checker raised
-                    log.warning("verification of item %d failed (%r): scored 0.0", i, e)
-                    failed.append(e)
-            hung = [f for f, (*_, d) in running.items() if time.monotonic() >= d]
-            for fut in hung:
-                i, pred = running.pop(fut)[:2]
-                log.warning("verification of item %d (answer %.80r) hung: scored 0.0, restarting pool", i, pred)
-            if hung or any(isinstance(e, BrokenExecutor) for e in failed):
-                todo.extendleft((i, p, g) for i, p, g, _ in running.values())  # innocent: run them again
-                running.clear()
-                self._kill_pool()
+        self.last_statuses = Counter()
+        for (i, pred, _), res in zip(todo, self.sandbox.run_batch(reqs) if reqs else []):
+            self.last_statuses[res.status] += 1
+            if res.status == OK and res.stdout.strip() in ("0.0", "1.0"):
+                scores[i] = float(res.stdout)
+            elif res.status != OK:
+                log.warning("verification of item %d (answer %.80r) ended %s: scored 0.0 (%s)", i, pred, res.status,
+                            res.stderr.strip()[-200:])
         return scores
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def __enter__(self) -> Verifier:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -6,7 +6,9 @@ rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (traine
 from __future__ import annotations
 
 import atexit
+import json
 import random
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,25 +19,33 @@ import polars as pl
 from rstar2 import roc, rollout
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
 from rstar2.reward import Verifier
-from rstar2.sandbox import LocalSandbox, SandboxLimits
+from rstar2.sandbox.backends import Backend, connect
+from rstar2.sandbox.metrics import summarize
 from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
-_VERIFIERS: dict[tuple, Verifier] = {}
+_BACKENDS: dict[str, Backend] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def sandbox(cfg: SandboxCfg) -> Backend:
+    """One sandbox service per driver process and config (its warm executors are reused by every rollout and
+    reward check); closed at exit."""
+    key = cfg.model_dump_json()
+    with _BACKENDS_LOCK:
+        if key not in _BACKENDS:
+            _BACKENDS[key] = connect(cfg)
+            atexit.register(_BACKENDS[key].close)
+        return _BACKENDS[key]
 
 
 def verifier(cfg: SandboxCfg) -> Verifier:
-    """One verifier process pool per driver process (starting one costs seconds: math-verify imports sympy)."""
-    key = (cfg.verify_workers, cfg.verify_timeout_s)
-    if key not in _VERIFIERS:
-        _VERIFIERS[key] = Verifier(workers=cfg.verify_workers, timeout_s=cfg.verify_timeout_s)
-        atexit.register(_VERIFIERS[key].close)
-    return _VERIFIERS[key]
+    return Verifier(sandbox(cfg), timeout_s=cfg.verify_timeout_s)
 
 
-def sandbox(cfg: SandboxCfg) -> LocalSandbox:
-    return LocalSandbox(SandboxLimits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, cpu_s=cfg.cpu_s,
-                                      max_output_chars=cfg.max_output_chars), workers=cfg.workers)
+def _stats_uri(uri: str) -> Path:
+    """The sandbox figures that go with a rollout/scored table (service counters are not per row)."""
+    return Path(uri).with_suffix(".sandbox.json")
 
 
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
@@ -54,10 +64,13 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
                        sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
-    with sandbox(sandbox_cfg) as sb:
-        trajs = rollout.run(generate, sb, tok, problems, n_samples,
-                            rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
-                                                  limits.tool_response_chars, max_model_len), on_turn=on_turn)
+    sb = sandbox(sandbox_cfg)
+    before = sb.snapshot()
+    trajs = rollout.run(generate, sb, tok, problems, n_samples,
+                        rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
+                                              limits.tool_response_chars, max_model_len), on_turn=on_turn)
+    _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
+    _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
     rows = rollout.to_rows(trajs, tok)
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +83,12 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
 def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
     """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format."""
     df = pl.read_parquet(rollouts_uri)
-    rewards = verifier(cfg).score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    check = verifier(cfg)
+    rewards = check.score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    stats = json.loads(_stats_uri(rollouts_uri).read_text()) if _stats_uri(rollouts_uri).exists() else {}
+    stats.update({"verify_calls": float(sum(check.last_statuses.values())),
+                  **{f"verify_status_{k}": float(v) for k, v in check.last_statuses.items()}})
+    _stats_uri(out_uri).write_text(json.dumps(stats))
     blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
     df = df.with_columns(
         reward=pl.Series(rewards, dtype=pl.Float64),
@@ -83,8 +101,10 @@ def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
 
 
 def sandbox_stats(scored_uri: str) -> dict:
-    """What the sandbox did this step: calls, statuses and latency (the tool turns ran inside the rollout)."""
+    """What the sandbox did this step: the tool calls' statuses and latency (from the rollout table), the service's
+    own figures over the rollout (calls/s, latency percentiles, queue wait and depth) and the reward checks."""
     df = pl.read_parquet(scored_uri)
+    service = json.loads(_stats_uri(scored_uri).read_text()) if _stats_uri(scored_uri).exists() else {}
     statuses = Counter(s for row in df["tool_statuses"].to_list() for s in row)
     walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
     calls = sum(statuses.values())
@@ -92,7 +112,7 @@ def sandbox_stats(scored_uri: str) -> dict:
             "tool_error_rate": 1 - (statuses["ok"] + statuses["output_truncated"]) / max(1, calls),
             "tool_latency_mean_s": float(np.mean(walls)) if walls else 0.0,
             "tool_latency_p99_s": float(np.quantile(walls, 0.99)) if walls else 0.0,
-            **{f"tool_status_{k}": v for k, v in statuses.items()}}
+            **{f"tool_status_{k}": v for k, v in statuses.items()}, **service}
 
 
 def roc_filter(scored_uri: str, cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:

@@ -6,7 +6,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rstar2 import rollout, template as T
-from rstar2.sandbox import LocalSandbox, SandboxLimits
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +38,15 @@ CALL = "\nuse python\n" + T.REASON_CLOSE + "\n" + T.tool_call_text("print(6 * 7)
 ANSWER = "\ndone\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + T.IM_END
 
 
-def run(tok, script, **limits):
+def run(tok, service, script, **limits):
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    with LocalSandbox(SandboxLimits(timeout_s=5), workers=2) as sb:
-        return {t.problem_id: t for t in rollout.run(scripted(tok, script), sb, tok, problems, 1,
-                                                     rollout.RolloutLimits(**limits))}
+    return {t.problem_id: t for t in rollout.run(scripted(tok, script), service, tok, problems, 1,
+                                                 rollout.RolloutLimits(**limits))}
 
 
-def test_tool_turn_masks_and_statuses(tok):
+def test_tool_turn_masks_and_statuses(tok, service):
     broken = "\n" + T.REASON_CLOSE + "\n" + T.TOOL_CALL_OPEN + '\n{"name": oops}\n' + T.TOOL_CALL_CLOSE + T.IM_END
-    t = run(tok, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
+    t = run(tok, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
     a = t["zqa"]
     assert a.tool_statuses == ["ok"] and a.num_turns == 2 and not a.truncated
     text = tok.decode(a.response_ids, skip_special_tokens=False)
@@ -62,10 +60,10 @@ def test_tool_turn_masks_and_statuses(tok):
     assert t["zqc"].tool_statuses == [] and t["zqc"].num_turns == 1
 
 
-def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok):
-    t = run(tok, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
+def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok, service):
+    t = run(tok, service, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
     assert t.truncated and t.num_turns == 2 and t.loss_mask[-1] == 1
-    short = run(tok, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
+    short = run(tok, service, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
     assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
-    cut = run(tok, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
+    cut = run(tok, service, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
     assert cut.truncated and len(cut.response_ids) == 5
