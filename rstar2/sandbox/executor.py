@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,8 @@ WARMUPS = {  # run once in the zygote, so lazily built state (caches, submodules
     "math_verify": "from math_verify import parse, verify\nverify(parse('$1/2$'), parse('\\\\boxed{0.5}'))",
 }
 HIDE = ("/root", "/home", "/run", "/var/tmp", "/mnt", "/srv", "/opt", "/media")  # besides the project itself
-UID_BASE = 1_000_000  # slot k of the service with pid p runs code as uid UID_BASE + (p mod 2^20) * 1024 + k
-MAX_SLOTS = 1024
+UID_BASE = 1_000_000  # process p's sandboxed code runs as uids UID_BASE + (p mod 2^20) * 1024 + [0, 1024)
+MAX_SLOTS = 1024  # per process (all its services together)
 FRAME = struct.Struct(">I")
 PIPE_BYTES = 1 << 20
 F_SETPIPE_SZ = 1031
@@ -151,7 +152,7 @@ class Cgroups:
     """Creates `rstar2-sandbox-<pid>/slot-<k>` groups; `report` says which controllers work and why not."""
 
     def __init__(self, slots: int, memory_bytes: int, pids_max: int):
-        self.tag = f"rstar2-sandbox-{os.getpid()}"
+        self.tag = f"rstar2-sandbox-{os.getpid()}-{next_instance()}"
         self.report: dict[str, str] = {}
         self.parents: list[str] = []
         self.slots = [SlotCgroups() for _ in range(slots)]
@@ -200,7 +201,7 @@ class Cgroups:
     def _remove_stale(base: str) -> None:
         """Groups left by services that died (their pid is gone) are removed."""
         for entry in Path(base).glob("rstar2-sandbox-*"):
-            pid = entry.name.rsplit("-", 1)[-1]
+            pid = entry.name.split("-")[2]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 for d in sorted(entry.glob("slot-*")) + [entry]:
                     try:
@@ -329,5 +330,27 @@ class ZygoteProc:
         return total
 
 
-def slot_uid(slot: int) -> int:
-    return UID_BASE + (os.getpid() % (1 << 20)) * MAX_SLOTS + slot
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+_instances = iter(range(1 << 62))
+
+
+def allocate_uids(n: int) -> list[int]:
+    """`n` uids of their own for the slots of one service (services of one process never share a uid: per-uid
+    limits such as RLIMIT_NPROC, and signals, would otherwise cross between them)."""
+    block = UID_BASE + (os.getpid() % (1 << 20)) * MAX_SLOTS
+    with _uid_lock:
+        free = [block + k for k in range(MAX_SLOTS) if block + k not in _uids_in_use][:n]
+        if len(free) < n:
+            raise ValueError(f"no {n} free sandbox uids left in this process ({MAX_SLOTS} slots at most)")
+        _uids_in_use.update(free)
+    return free
+
+
+def release_uids(uids: list[int]) -> None:
+    with _uid_lock:
+        _uids_in_use.difference_update(uids)
+
+
+def next_instance() -> int:
+    return next(_instances)

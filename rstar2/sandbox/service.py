@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from rstar2.sandbox.api import (KILLED, MAX_REQUEST_BYTES, ERROR, ExecRequest, ExecResult, QueueFull,
                                 SandboxLimits, SandboxUnavailable)
 from rstar2.sandbox.executor import (HIDE, MAX_SLOTS, PROFILES, PROJECT_ROOT, STDLIB_PRELOAD, WARMUPS, Cgroups,
-                                     ExecutorDied, Runtime, SlotCgroups, ZygoteProc, pick_runtime, route, slot_uid)
+                                     ExecutorDied, Runtime, SlotCgroups, ZygoteProc, allocate_uids, pick_runtime,
+                                     release_uids, route)
 from rstar2.sandbox.metrics import SandboxMetrics
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,9 @@ class SandboxService:
         self.metrics.slots.set(slots)
         self._tmp = tempfile.mkdtemp(prefix="rstar2-sandbox-")
         root = os.geteuid() == 0
+        self._uids = allocate_uids(slots) if root else []
         self._cgroups = Cgroups(slots, (self.limits.memory_mb + SLOT_OVERHEAD_MB) * MB, self.limits.max_processes + 16)
-        self._slots = [_Slot(k, slot_uid(k) if root else None, self._cgroups.slots[k]) for k in range(slots)]
+        self._slots = [_Slot(k, self._uids[k] if root else None, self._cgroups.slots[k]) for k in range(slots)]
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -173,6 +175,7 @@ class SandboxService:
                 z.kill()
             s.zygotes.clear()
         self._cgroups.close()
+        release_uids(self._uids)
         self._sel.close()
         os.close(self._wake)
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -344,7 +347,8 @@ class SandboxService:
                 self._queue.appendleft(call)
             return
         log.warning("sandbox executor %s/%d died during a call: %s", z.profile, slot.index, why)
-        self._finish(slot, {"status": KILLED, "stdout": "", "stderr": why, "exit_code": None, "signal": None,
+        self._finish(slot, {"status": KILLED, "stdout": "", "stderr": f"[sandbox] the executor died during the call "
+                            f"and was replaced ({why.removeprefix('[sandbox] ')})", "exit_code": None, "signal": None,
                             "wall_s": round(time.monotonic() - call.t_sent, 6), "cpu_s": 0.0})
 
     def _record_layers(self, layers: dict[str, str]) -> None:

@@ -290,10 +290,10 @@ class Zygote:
             ok = True
         except OSError as e:
             ok = False
-            for name in ("pid_namespace", "network_namespace", "mount_namespace", "ipc_namespace"):
+            for name in ("pid_namespace", "network_namespace", "mount_namespace", "ipc_namespace", "uts_namespace"):
                 self.layers[name] = f"unavailable: {e}"
         if ok:
-            for name in ("pid_namespace", "network_namespace", "mount_namespace", "ipc_namespace"):
+            for name in ("pid_namespace", "network_namespace", "mount_namespace", "ipc_namespace", "uts_namespace"):
                 self.layers[name] = "active"
             if not root:
                 self.layers["user_namespace"] = "active"
@@ -365,8 +365,8 @@ class Zygote:
         if self.uid is not None:  # counts per uid, so only meaningful with a uid of our own
             self.rlimits.append((resource.RLIMIT_NPROC, cfg["max_processes"]))
         self.layers["rlimits"] = "active"
-        if self.uid is None:
-            self.layers["unprivileged_uid"] = "unavailable: not root (code runs as the service's own uid)"
+        self.layers["unprivileged_uid"] = "active" if self.uid is not None else \
+            "unavailable: not root (code runs as the service's own uid)"
         reads = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys/devices/system/cpu",
                  *cfg["keep_paths"]]
         writes = [self.workdir, "/dev/shm"]

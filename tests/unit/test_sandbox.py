@@ -11,7 +11,6 @@ from rstar2.sandbox.executor import PROFILES, imported_modules, route
 from rstar2.sandbox.metrics import SandboxMetrics, summarize
 from rstar2.sandbox.service import ESSENTIAL, SandboxService
 
-from .conftest import FAST
 
 
 def run(service, code, **kw):
@@ -52,7 +51,8 @@ def test_signals_map_to_killed(service):
 
 def test_timeout_and_memory(service):
     r = run(service, "while True:\n    pass")
-    assert r.status == "timeout" and r.exit_code is None and FAST.timeout_s <= r.wall_s < FAST.timeout_s + 1
+    t = service.limits.timeout_s
+    assert r.status == "timeout" and r.exit_code is None and t <= r.wall_s < t + 1
     r = run(service, "x = bytearray(10**10)")
     assert r.status == "memory" and "MemoryError" in r.stderr
     r = run(service, "import time\ntime.sleep(5)", timeout_s=0.3)  # a request's own, shorter timeout
@@ -62,7 +62,7 @@ def test_timeout_and_memory(service):
 def test_output_head_and_tail(service):
     r = run(service, "import sys\n_ = sys.stdout.write('a' + 'x' * 100_000 + 'z')")
     assert r.status == "output_truncated" and r.exit_code == 0
-    assert len(r.stdout) <= FAST.max_output_chars + len(TRUNCATION_MARKER)
+    assert len(r.stdout) <= service.limits.max_output_chars + len(TRUNCATION_MARKER)
     assert r.stdout.startswith("axxx") and r.stdout.endswith("xxz") and TRUNCATION_MARKER in r.stdout
     r = run(service, "print('é' * 10, '\\udcff')")  # non-ASCII and a lone surrogate survive the round trip
     assert r.status == "ok" and r.stdout.startswith("é" * 10)
@@ -106,9 +106,9 @@ def test_isolation_report_names_every_layer(service):
         assert all(layers[name].startswith("active") for name in ESSENTIAL), layers
 
 
-def test_required_layer_missing_refuses_to_start():
+def test_required_layer_missing_refuses_to_start(fast):
     with pytest.raises(SandboxUnavailable, match="no_such_layer"):
-        SandboxService(FAST, slots=1, require=["no_such_layer"])
+        SandboxService(fast, slots=1, require=["no_such_layer"])
 
 
 def test_metrics_count_and_summarise(service):

@@ -15,7 +15,6 @@ from rstar2.sandbox import ExecRequest
 from rstar2.sandbox.executor import PROJECT_ROOT, UID_BASE
 from rstar2.sandbox.service import SandboxService
 
-from .conftest import FAST
 
 
 def need(service, *layers):
@@ -61,7 +60,7 @@ def test_infinite_loop_ignoring_signals(service):
     t0 = time.monotonic()
     res = attack(service, "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
                           "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass")
-    assert res.status == "timeout" and time.monotonic() - t0 < FAST.timeout_s + 2
+    assert res.status == "timeout" and time.monotonic() - t0 < service.limits.timeout_s + 2
 
 
 @pytest.mark.parametrize("escape", ["", "os.setsid()\n    if os.fork():\n        os._exit(0)\n    "])
@@ -99,7 +98,7 @@ def test_memory_bomb_across_processes_hits_the_slot_cgroup(service):
 def test_huge_output(service):
     t0 = time.monotonic()
     res = attack(service, "import sys\nfor _ in range(100):\n    sys.stdout.write('y' * 2**20)")  # 100 MB
-    assert res.status == "output_truncated" and len(res.stdout) < 2 * FAST.max_output_chars
+    assert res.status == "output_truncated" and len(res.stdout) < 2 * service.limits.max_output_chars
     assert res.stdout.startswith("yyy") and time.monotonic() - t0 < 10
 
 
@@ -152,8 +151,8 @@ def test_signalling_the_executor(service):
     assert pids <= {z.pid for z in service.executors()}
 
 
-def test_nothing_carries_over_to_the_next_call():
-    with SandboxService(FAST, slots=1) as svc:  # one slot: the next call runs on the same executor
+def test_nothing_carries_over_to_the_next_call(fast):
+    with SandboxService(fast, slots=1) as svc:  # one slot: the next call runs on the same executor
         need(svc, "private_tmp", "ipc_limits")
         leave = ("import os, subprocess\n"
                  "open('/tmp/left.txt', 'w').write('x')\nopen('/dev/shm/left', 'w').write('x')\n"

@@ -18,7 +18,6 @@ from rstar2.sandbox.docker_backend import DockerService, container_spec
 from rstar2.sandbox.server import create_app
 from rstar2.sandbox.service import SandboxService
 
-from .conftest import FAST
 
 
 def test_batch_keeps_order_and_runs_in_parallel(service):
@@ -29,8 +28,8 @@ def test_batch_keeps_order_and_runs_in_parallel(service):
     assert time.monotonic() - t0 < 0.3 + 0.25 + 0.5  # two slots: two at a time
 
 
-def test_full_queue_pushes_back():
-    with SandboxService(FAST, slots=1, queue_size=1) as svc:
+def test_full_queue_pushes_back(fast):
+    with SandboxService(fast, slots=1, queue_size=1) as svc:
         running = svc.submit(ExecRequest("import time\ntime.sleep(0.5)\nprint('a')"))
         time.sleep(0.2)  # the slot has it; the queue is empty again
         queued = svc.submit(ExecRequest("print('b')"), block=False)
@@ -43,8 +42,8 @@ def test_full_queue_pushes_back():
         assert svc.snapshot()["rejected"] == 2
 
 
-def test_a_killed_executor_is_replaced_and_its_call_answered():
-    with SandboxService(FAST, slots=1) as svc:
+def test_a_killed_executor_is_replaced_and_its_call_answered(fast):
+    with SandboxService(fast, slots=1) as svc:
         fut = svc.submit(ExecRequest("import time\ntime.sleep(5)"))
         time.sleep(0.3)
         (z,) = svc.executors()
@@ -154,8 +153,8 @@ def test_client_gives_up_on_a_dead_server():
             sb.run(ExecRequest("print(1)"))
 
 
-def test_http_full_queue_is_retried_by_the_client():
-    with SandboxService(FAST, slots=1, queue_size=1) as svc:
+def test_http_full_queue_is_retried_by_the_client(fast):
+    with SandboxService(fast, slots=1, queue_size=1) as svc:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
