@@ -25,6 +25,17 @@ def test_ok_and_last_expression_echo(service):
     assert r.to_dict()["status"] == "ok"
 
 
+def test_last_expression_forms(service):
+    assert run(service, "x = 2; x + 1").stdout == "3\n"
+    assert run(service, "d = {'a': 1}\nsorted(\n    d.items()\n)  # comment").stdout == "[('a', 1)]\n"
+    assert run(service, "for i in range(2):\n    i").stdout == ""  # not a top-level expression
+    r = run(service, "x = 1\n\n(x +\n 'a')")
+    assert r.status == "error" and 'line 3, in <module>' in r.stderr  # line numbers of the original
+    big = "y = 0\n" * 4000 + "y + 7"  # > 20 kB: split in the child
+    assert run(service, big).stdout == "7\n"
+    assert run(service, "'é' + 'ü'").stdout == "'éü'\n"
+
+
 def test_stdin(service):
     r = run(service, "a, b = map(int, input().split())\nprint(a + b)\nimport sys\nprint(repr(sys.stdin.read()))",
             stdin="2 40\nrest\n")

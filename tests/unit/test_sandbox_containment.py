@@ -126,7 +126,7 @@ def test_connect_to_a_local_listener(service):
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
-        srv.settimeout(3)
+        srv.settimeout(1)
         port = srv.getsockname()[1]
         t = threading.Thread(target=lambda: accepted.append(_accept(srv)))
         t.start()
