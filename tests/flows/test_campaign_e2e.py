@@ -65,7 +65,8 @@ def test_mlflow_has_nested_runs_with_step_metrics(campaign_run):
     history = client.get_metric_history(children[0].info.run_id, "reward_mean")
     assert [m.step for m in history] == [1, 2]
     for key in ("tool_error_rate_pos", "format_violation_rate", "response_len_mean", "truncation_rate",
-                "roc_kept", "roc_dropped", "step_s", "update_s", "update_tokens"):
+                "roc_kept", "roc_dropped", "step_s", "update_s", "update_tokens",
+                "sandbox_calls_per_s", "sandbox_latency_p99_s", "sandbox_queue_depth_p99", "verify_calls"):
         assert key in children[0].data.metrics, key
 
 
