@@ -138,22 +138,23 @@ class Soak:
     rss_mb_start: float = 0.0
     rss_mb_end: float = 0.0
     rss_mb_max: float = 0.0
+    rss_mb_per_min: float = 0.0  # slope of a line fitted to the samples after warm-up
+    rss_mb_samples: list = field(default_factory=list)  # one a second
 
 
-def _tree_rss_mb(root_pid: int) -> float:
-    """Resident memory of a process and all its descendants (the service and its executors)."""
-    total, todo, seen = 0, [root_pid], set()
+def _service_rss_mb(root_pid: int) -> float:
+    """Resident memory of the service process and its executors (zygotes), not of the calls they fork (those come
+    and go, and their pages are mostly the zygote's own, shared)."""
+    total, todo = 0, [(root_pid, 0)]
     while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+        pid, depth = todo.pop()
         try:
             with open(f"/proc/{pid}/status") as f:
                 total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as f:
-                    todo += [int(p) for p in f.read().split()]
+            if depth < 2:  # service -> zygote (host side) -> zygote (pid 1 of its namespace)
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo += [(int(p), depth + 1) for p in f.read().split()]
         except OSError:
             pass
     return total / 1024
@@ -237,7 +238,7 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
 
     def sampler():
         while time.monotonic() < stop:
-            samples.append(_tree_rss_mb(root_pid))
+            samples.append(_service_rss_mb(root_pid))
             time.sleep(1.0)
 
     t0 = time.perf_counter()
@@ -250,7 +251,10 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
     res.calls_per_s = round(res.received / wall, 1)
     # the start is taken after a tenth of the run: executors still being started are not "growth"
     warm = samples[max(1, len(samples) // 10):] or samples
-    res.rss_mb_start, res.rss_mb_end, res.rss_mb_max = round(warm[0], 1), round(samples[-1], 1), round(max(samples), 1)
+    res.rss_mb_start, res.rss_mb_end, res.rss_mb_max = round(warm[0], 1), round(samples[-1], 1), round(max(warm), 1)
+    res.rss_mb_samples = [round(x, 1) for x in samples]
+    if len(warm) > 2:
+        res.rss_mb_per_min = round(float(np.polyfit(np.arange(len(warm)), warm, 1)[0]) * 60, 2)  # 1 sample/s
     if server is not None:
         server.terminate()
         server.wait(timeout=30)
@@ -346,10 +350,12 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
     if soak_s > 0:
         s = soak(soak_over, soak_clients, soak_s, slots)
         t = Table(title=f"soak: {s.clients} clients over {s.over} for {s.duration_s:g} s")
-        for col in ("sent", "received", "lost", "mismatched", "calls/s", "statuses", "RSS MB start/end/max"):
+        for col in ("sent", "received", "lost", "mismatched", "calls/s", "statuses", "service RSS MB start/end/max",
+                    "MB/min"):
             t.add_column(col)
         t.add_row(str(s.sent), str(s.received), str(s.lost), str(s.mismatched), f"{s.calls_per_s:.1f}",
-                  json.dumps(s.statuses), f"{s.rss_mb_start:.0f} / {s.rss_mb_end:.0f} / {s.rss_mb_max:.0f}")
+                  json.dumps(s.statuses), f"{s.rss_mb_start:.0f} / {s.rss_mb_end:.0f} / {s.rss_mb_max:.0f}",
+                  f"{s.rss_mb_per_min:+.2f}")
         console.print(t)
         out["soak"] = asdict(s)
     if json_path:

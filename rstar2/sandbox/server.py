@@ -73,7 +73,7 @@ def create_app(service: SandboxService, admission_timeout_s: float = 5.0) -> Fas
 
     @app.get("/health")
     def health() -> dict:
-        return {"ok": True, "slots": len(service._slots), "queue_depth": len(service._queue),
+        return {"ok": True, "slots": service.slots, "queue_depth": service.queue_depth,
                 "isolation": service.isolation()}
 
     return app

@@ -151,6 +151,14 @@ class SandboxService:
         """Results in input order (the rollout's Sandbox protocol)."""
         return [f.result() for f in [self.submit(r) for r in reqs]]
 
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
     def isolation(self) -> dict[str, str]:
         """Each isolation layer and whether it is active here (from the executors' own probes)."""
         return dict(self._isolation)

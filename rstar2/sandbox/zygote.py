@@ -252,7 +252,7 @@ def _write(path: str, text: str) -> None:
 class Zygote:
     def __init__(self, cfg: dict):
         self.cfg = cfg
-        self.layers: dict[str, str] = {}  # layer -> "active" | "unavailable: why" | "off"
+        self.layers: dict[str, str] = {}  # layer -> "active..." | "unavailable: why"
         self.uid = cfg["uid"]
         self.workdir = "/tmp"
         self.ruleset_fd = -1
@@ -311,25 +311,26 @@ class Zygote:
         if not self.ns:
             self.layers.update(private_tmp="unavailable: no mount namespace",
                                readonly_root="unavailable: no mount namespace")
-            self.workdir = cfg["fallback_workdir"]
+            self._use_fallback_workdir()
             return
         _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates back to the host
         self._try("readonly_root", _readonly_tree, "/")
         keep = sorted({os.path.realpath(p) for p in cfg["keep_paths"]})
         uid = self.uid if self.uid is not None else os.getuid()
         try:
-            kept = _cover("/tmp", keep, f"size={cfg['tmpfs_mb']}m,nr_inodes=16k,mode=0700,uid={uid},gid={uid}",
+            kept = _cover("/tmp", keep, f"size={cfg['tmpfs_mb']}m,nr_inodes=16k,mode=1700,uid={uid},gid={uid}",
                           readonly=False)
             self.protected = {p[len("/tmp/"):].split("/")[0] for p in kept}
             self.layers["private_tmp"] = "active"
         except OSError as e:
             self.layers["private_tmp"] = f"unavailable: {e}"
-            self.workdir = cfg["fallback_workdir"]
+            self._use_fallback_workdir()
         self._try("private_dev_shm", _mount, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
                   f"size={cfg['tmpfs_mb']}m,nr_inodes=4k,mode=1777")
         hidden = []
         for target in cfg["hide_paths"]:
-            if os.path.isdir(target) and not _under(target, "/tmp") and os.path.realpath(target) == target:
+            if os.path.isdir(target) and not _under(target, "/tmp") and os.path.realpath(target) == target \
+                    and not any(_under(target, p) for p in keep):  # never hide what the interpreter needs
                 try:
                     _cover(target, keep, "size=1m,mode=0755", readonly=True)
                     hidden.append(target)
@@ -343,6 +344,9 @@ class Zygote:
         self._try("ipc_limits", lambda: (_write("/proc/sys/kernel/msgmni", "0"),
                                          _write("/proc/sys/kernel/sem", "250 32000 32 0"),
                                          _write("/proc/sys/kernel/shm_rmid_forced", "1")))
+
+    def _use_fallback_workdir(self) -> None:
+        self.workdir = os.environ["HOME"] = os.environ["TMPDIR"] = self.cfg["fallback_workdir"]
 
     def preload(self) -> None:
         sys.path[:] = self.cfg["sys_path"]
@@ -477,8 +481,6 @@ class Zygote:
         stderr, cut_err, _ = _read_capped(ferr, cap, 0.25)
         for fd in (fout, ferr) + ((fin,) if fin != self.devnull else ()):
             os.close(fd)
-        if not req.get("probe"):
-            self._wipe()
         rc = os.waitstatus_to_exitcode(status)
         sig = -rc if rc < 0 else None
         verdict = VERDICTS.get(self.verdict[0], "none")
@@ -527,12 +529,18 @@ class Zygote:
         at = data.find(b"oom_kill ")
         return int(data[at + 9:data.index(b"\n", at)]) if at >= 0 else 0
 
-    def _wipe(self) -> None:
-        for top in (self.workdir, "/dev/shm"):
-            with os.scandir(top) as it:
-                entries = [e for e in it if not (top == "/tmp" and e.name in self.protected)]
-            for e in entries:
-                _remove(e.path)
+    def wipe(self) -> None:
+        """Empty /tmp and /dev/shm for the next call (after the reply: off the caller's latency). If that fails,
+        exit: the service starts a fresh zygote, so no state can reach the next call."""
+        try:
+            for top in (self.workdir, "/dev/shm"):
+                with os.scandir(top) as it:
+                    entries = [e for e in it if not (top == "/tmp" and e.name in self.protected)]
+                for e in entries:
+                    _remove(e.path)
+        except OSError as e:
+            sys.stderr.write(f"[zygote] cannot wipe the work dirs ({e!r}): exiting for a fresh start\n")
+            os._exit(3)
 
 
 def _signal_all() -> bool:
@@ -707,6 +715,7 @@ def main() -> None:
             os._exit(0)
         req = json.loads(_read_exact(struct.unpack(">I", header)[0]))
         _send(z.call(req))
+        z.wipe()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The service around the executors: FIFO queue with backpressure, recovery from a dead executor, many concurrent
 clients, and the same service over HTTP through the batching client (retries, errors), the Docker backend's spec."""
 
-import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -79,20 +79,29 @@ def test_many_concurrent_clients_lose_nothing(service):
     assert lost == [] and bad == [] and len(done) == 16 * 9
 
 
-@pytest.fixture(scope="module")
-def http_url(service):
+@contextlib.contextmanager
+def http_server(service, admission_timeout_s):
+    """The service's HTTP front-end on a free local port, in a thread; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service, admission_timeout_s=0.2), host="127.0.0.1",
-                                           port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(service, admission_timeout_s=admission_timeout_s),
+                                           host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def http_url(service):
+    with http_server(service, admission_timeout_s=0.2) as url:
+        yield url
 
 
 def test_http_batch_metrics_and_health(http_url):
@@ -154,26 +163,12 @@ def test_client_gives_up_on_a_dead_server():
 
 
 def test_http_full_queue_is_retried_by_the_client(fast):
-    with SandboxService(fast, slots=1, queue_size=1) as svc:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(svc, admission_timeout_s=0.05), host="127.0.0.1",
-                                               port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.02)
-        try:
-            client = BatchingClient(HttpTransport([f"http://127.0.0.1:{port}"]), batch_size=1, senders=4,
-                                    retries=8, backoff_s=0.05)
-            with SyncSandbox(client) as sb:
-                reqs = [ExecRequest(f"import time\ntime.sleep(0.1)\nprint({i})") for i in range(6)]
-                assert [r.stdout for r in sb.run_batch(reqs)] == [f"{i}\n" for i in range(6)]
-            assert svc.snapshot()["rejected"] > 0  # 503s happened and were retried
-        finally:
-            server.should_exit = True
-            thread.join()
+    with SandboxService(fast, slots=1, queue_size=1) as svc, http_server(svc, admission_timeout_s=0.05) as url:
+        client = BatchingClient(HttpTransport([url]), batch_size=1, senders=4, retries=8, backoff_s=0.05)
+        with SyncSandbox(client) as sb:
+            reqs = [ExecRequest(f"import time\ntime.sleep(0.1)\nprint({i})") for i in range(6)]
+            assert [r.stdout for r in sb.run_batch(reqs)] == [f"{i}\n" for i in range(6)]
+        assert svc.snapshot()["rejected"] > 0  # 503s happened and were retried
 
 
 def test_docker_backend_spec_and_clear_error_without_an_engine():
