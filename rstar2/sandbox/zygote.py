@@ -8,14 +8,14 @@ namespaces (the zygote is pid 1 of its own pid namespace, its network namespace 
 tree read-only and hide the host's private trees (project, homes, /tmp, /run, ...) behind empty tmpfs mounts,
 keeping only the interpreter's own directories visible; a size-limited tmpfs on /tmp is the only writable place
 (cwd, HOME, TMPDIR) besides a private /dev/shm; preload the profile's modules and run their warm-up, `gc.freeze()`;
-build the Landlock ruleset and compile the seccomp filter. Every layer is tried, verified with a probe child
+then harden itself as its children must be (rlimits, no_new_privs, a Landlock domain, a seccomp filter): children
+inherit all of it at no cost. Every layer is tried, verified with a probe child that attempts what the layer forbids,
 and reported in the ready message; a layer that cannot be set up is reported as unavailable, never skipped silently.
 
-Per call (everything costs ≲1 ms on top of fork, notes §2): fork; the child joins nothing new, sets rlimits, drops
-to the slot's unprivileged uid, sets no_new_privs, restricts itself with Landlock, loads the seccomp filter, closes
-every inherited descriptor and runs the code with stdin/stdout/stderr on memfds. The zygote waits on a pidfd until
-the wall-clock deadline, then SIGKILLs every process of its namespace (`kill(-1)` from pid 1 reaches `setsid()`
-escapees and orphans too), reaps them all, reads head + tail of the output and wipes /tmp and /dev/shm.
+Per call: fork; the child sets its CPU limit, drops to the slot's unprivileged uid, closes every inherited
+descriptor and runs the code with stdin/stdout/stderr on memfds. The zygote waits on a pidfd until the wall-clock
+deadline, then SIGKILLs every process of its namespace (`kill(-1)` from pid 1 reaches `setsid()` escapees and
+orphans too), reaps them all, reads head + tail of the output, replies, and empties /tmp and /dev/shm.
 """
 
 import ast
@@ -136,6 +136,15 @@ def landlock_ruleset(read_paths: list[str], write_paths: list[str], dev_paths: l
     return fd, abi
 
 
+def _landlock_self(reads: list[str], writes: list[str], devs: list[str]) -> int:
+    fd, abi = landlock_ruleset(reads, writes, devs)
+    try:
+        _syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, ctypes.c_uint32(0))
+    finally:
+        os.close(fd)
+    return abi
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # seccomp-bpf: a deny-list compiled once (classic BPF over struct seccomp_data), loaded by each child with one
 # prctl. Denied: new namespaces and mounts, ptrace and cross-process memory access, kernel keyrings, bpf,
@@ -197,6 +206,11 @@ def seccomp_program():
     return fprog
 
 
+def _seccomp_self() -> None:
+    prog = seccomp_program()
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Namespaces and the file tree (once per zygote)
 
@@ -255,8 +269,7 @@ class Zygote:
         self.layers: dict[str, str] = {}  # layer -> "active..." | "unavailable: why"
         self.uid = cfg["uid"]
         self.workdir = "/tmp"
-        self.ruleset_fd = -1
-        self.seccomp = None
+        self.oom_adj_fd = -1
         self.protected: set[str] = set()  # top-level names under /tmp that hold kept mounts (never wiped)
         self.oom_fd = os.open(cfg["oom_file"], os.O_RDONLY | os.O_CLOEXEC) if cfg.get("oom_file") else -1
         self.verdict = mmap.mmap(-1, 1)  # shared with each child: how its code ended (0 = did not finish)
@@ -360,31 +373,36 @@ class Zygote:
         gc.freeze()  # keep the warm heap shared with the children: the collector would touch (copy) it
 
     def setup_hardening(self) -> None:
+        """Every per-call layer that needs no per-call value is applied to the zygote itself, once: its children
+        inherit rlimits, cwd, no_new_privs, the Landlock domain and the seccomp filter for free (a child that ran
+        those syscalls itself would pay ~0.5 ms of copied pages per call). A child only sets its CPU limit, drops
+        to the slot's uid and closes what it inherited."""
         cfg = self.cfg
-        try:
-            _write("/proc/self/oom_score_adj", "-1000")  # a memory bomb's OOM kill never takes the zygote
+        try:  # kept open: written around each fork (1000 for the child, -1000 again for the zygote)
+            self.oom_adj_fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+            os.write(self.oom_adj_fd, b"-1000")
         except OSError:
-            pass
+            self.oom_adj_fd = -1
         with open("/proc/self/status") as f:
             vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
         mb = 1024 * 1024
-        self.rlimits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256),
-                        (resource.RLIMIT_FSIZE, cfg["max_file_mb"] * mb), (resource.RLIMIT_AS, vm + cfg["memory_mb"] * mb)]
-        if self.uid is not None:  # counts per uid, so only meaningful with a uid of our own
-            self.rlimits.append((resource.RLIMIT_NPROC, cfg["max_processes"]))
-        self.layers["rlimits"] = "active"
+        limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256),
+                  (resource.RLIMIT_FSIZE, cfg["max_file_mb"] * mb), (resource.RLIMIT_AS, vm + cfg["memory_mb"] * mb)]
+        if self.uid is not None:  # counts per uid (root is exempt): binds the children once they drop to the slot's
+            limits.append((resource.RLIMIT_NPROC, cfg["max_processes"]))
+        self._try("rlimits", lambda: [resource.setrlimit(res, (v, v)) for res, v in limits])
         self.layers["unprivileged_uid"] = "active" if self.uid is not None else \
             "unavailable: not root (code runs as the service's own uid)"
+        os.chdir(self.workdir)
+        self._try("no_new_privs", _prctl, PR_SET_NO_NEW_PRIVS, 1)
         reads = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys/devices/system/cpu",
                  *cfg["keep_paths"]]
         writes = [self.workdir, "/dev/shm"]
         devs = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
-        self.ruleset_fd = self._try("landlock", landlock_ruleset, reads, writes, devs) or (-1, 0)
-        self.ruleset_fd, abi = self.ruleset_fd
+        abi = self._try("landlock", _landlock_self, reads, writes, devs)
         if abi:
             self.layers["landlock"] = f"active (ABI {abi})"
-        self.seccomp = self._try("seccomp", seccomp_program)
-        self.layers["no_new_privs"] = "active"
+        self._try("seccomp", _seccomp_self)
         self._verify_layers()
 
     def _verify_layers(self) -> None:
@@ -408,10 +426,6 @@ class Zygote:
         for layer in filter(None, res["stdout"].strip().split(",")):
             if self.layers.get(layer, "").startswith("active"):
                 self.layers[layer] = "unavailable: its probe was not denied"
-        if not self.layers["landlock"].startswith("active"):
-            self.ruleset_fd = -1
-        if not self.layers["seccomp"].startswith("active"):
-            self.seccomp = None
         self.layers["kill_all_after_call"] = "active (pid 1 of the namespace)" if self.ns else \
             "unavailable: process group only (setsid() escapees survive)"
 
@@ -430,28 +444,13 @@ class Zygote:
             os.dup2(ferr, 2)
             if not self.ns:
                 os.setsid()  # no pid namespace: at least a process group of its own to kill
-            try:  # the code, never the zygote (-1000), is what the OOM killer takes; os-level: few page copies
-                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-                os.write(fd, b"1000")
-                os.close(fd)
-            except OSError:
-                pass
             cpu = int(req["cpu_s"])
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            for res, value in self.rlimits:
-                resource.setrlimit(res, (value, value))
-            os.chdir(self.workdir)
             if self.uid is not None:
                 os.setgroups([])
                 os.setresgid(self.uid, self.uid, self.uid)
                 os.setresuid(self.uid, self.uid, self.uid)
-            _prctl(PR_SET_NO_NEW_PRIVS, 1)
-            if self.ruleset_fd >= 0:
-                _syscall(SYS_LANDLOCK_RESTRICT_SELF, self.ruleset_fd, ctypes.c_uint32(0))
-            os.closerange(3, 1 << 16)  # our request/reply pipes, the ruleset, everything inherited
-            if self.seccomp is not None:
-                _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(self.seccomp), 0, 0),
-                       "seccomp")
+            os.closerange(3, 1 << 16)  # our request/reply pipes and everything else inherited
         except BaseException as e:
             os.write(2, f"[sandbox] setup failed: {e!r}\n".encode())
             os._exit(SETUP_FAILED)
@@ -465,9 +464,11 @@ class Zygote:
         self.verdict[0] = 0
         oom_before = self._oom_kills()
         split = _trailing_expression(req["code"])
+        self._oom_adj(b"1000")  # inherited: the code, never the zygote, is what the OOM killer takes
         pid = os.fork()
         if pid == 0:
             self._child(req, split, fin, fout, ferr)
+        self._oom_adj(b"-1000")
         pidfd = os.pidfd_open(pid)
         timed_out = not select.select([pidfd], [], [], req["timeout_s"])[0]
         if timed_out and self.ns:
@@ -504,6 +505,10 @@ class Zygote:
         return {"status": st, "stdout": stdout, "stderr": stderr,
                 "exit_code": None if (timed_out or sig is not None) else rc, "signal": sig,
                 "wall_s": round(wall, 6), "cpu_s": round(usage.ru_utime + usage.ru_stime, 6)}
+
+    def _oom_adj(self, value: bytes) -> None:
+        if self.oom_adj_fd >= 0:
+            os.pwrite(self.oom_adj_fd, value, 0)
 
     def _kill_all(self, pid: int) -> None:
         """SIGKILL every other process of the namespace and reap them (we are its pid 1)."""
