@@ -38,6 +38,20 @@ SNIPPETS = {
 TARGETS = {"trivial_calls_per_s": 400.0, "sympy_speedup": 40.0, "trivial_p99_ms_at_8": 40.0}  # issue 3 done-when
 
 
+def cleanest(measure_once: Callable[[], "Point"], attempts: int, max_foreign: float) -> "Point":
+    """On a shared machine: measure again (up to `attempts` times) while other tenants used more than
+    `max_foreign` cores; keep the least contaminated run (sandbox-notes §0 methodology)."""
+    best = None
+    for i in range(attempts):
+        p = measure_once()
+        p.attempt = i + 1
+        if best is None or p.foreign_load_cores < best.foreign_load_cores:
+            best = p
+        if p.foreign_load_cores <= max_foreign:
+            break
+    return best
+
+
 @dataclass
 class Point:
     snippet: str
@@ -52,6 +66,7 @@ class Point:
     errors: int
     cpu_ms_per_call: float
     foreign_load_cores: float
+    attempt: int = 1
 
 
 def _machine_busy_s() -> float:
@@ -275,6 +290,8 @@ def _summary(points: list[Point]) -> dict:
         s, n = best(snippet, "service"), best(snippet, "naive")
         if s:
             out[f"{snippet}_service_best_calls_per_s"] = s.calls_per_s
+            # what the cores could do with nothing else running: the noise-robust figure (sandbox-notes §0)
+            out[f"{snippet}_service_cpu_bound_calls_per_s"] = round((os.cpu_count() or 1) * 1000 / s.cpu_ms_per_call, 1)
         if n:
             out[f"{snippet}_naive_best_calls_per_s"] = n.calls_per_s
         if s and n:
@@ -298,6 +315,8 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
          duration_s: float = typer.Option(3.0, help="seconds per point"),
          slots: int = typer.Option(2 * (os.cpu_count() or 1), help="executor slots of the service"),
          naive: bool = typer.Option(True, help="also measure the naive baseline (same run)"),
+         attempts: int = typer.Option(3, help="measure a point again while other tenants load the machine"),
+         max_foreign: float = typer.Option(0.25, help="cores other tenants may use during a point before it is redone"),
          soak_s: float = typer.Option(0.0, help="then a sustained run of this many seconds (0: none)"),
          soak_clients: int = typer.Option(32, help="concurrent clients of the sustained run"),
          soak_over: str = typer.Option("http", help="sustained run against: http (a server process) | local"),
@@ -329,19 +348,22 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
             for c in conc:
                 measure(service_call(svc, SNIPPETS[name]), expected[name], c, min(0.5, duration_s), name, "service",
                         svc)  # warm-up: caches, page tables, the scheduler settle
-                points.append(measure(service_call(svc, SNIPPETS[name]), expected[name], c, duration_s, name,
-                                      "service", svc))
+                points.append(cleanest(lambda: measure(service_call(svc, SNIPPETS[name]), expected[name], c,
+                                                       duration_s, name, "service", svc), attempts, max_foreign))
                 if naive:
-                    points.append(measure(naive_call(SNIPPETS[name]), expected[name], c, duration_s, name, "naive"))
+                    points.append(cleanest(lambda: measure(naive_call(SNIPPETS[name]), expected[name], c, duration_s,
+                                                           name, "naive"), attempts, max_foreign))
                 console.print(f"  {name} x{c}: " + "  ".join(
                     f"{p.impl} {p.calls_per_s:.1f}/s p99 {p.p99_ms:.1f} ms" for p in points[-2 if naive else -1:]))
     table = Table(title=f"sandbox service vs naive subprocess per call ({slots} slots, {os.cpu_count()} cores, "
                         f"{duration_s:g} s per point)")
-    for col in ("snippet", "clients", "impl", "calls/s", "p50 ms", "p99 ms", "CPU ms/call", "foreign load", "errors"):
+    for col in ("snippet", "clients", "impl", "calls/s", "p50 ms", "p99 ms", "CPU ms/call", "foreign load", "errors",
+                "try"):
         table.add_column(col, justify="right" if col not in ("snippet", "impl") else "left")
     for p in points:
         table.add_row(p.snippet, str(p.concurrency), p.impl, f"{p.calls_per_s:.1f}", f"{p.p50_ms:.1f}",
-                      f"{p.p99_ms:.1f}", f"{p.cpu_ms_per_call:.1f}", f"{p.foreign_load_cores:.2f}", str(p.errors))
+                      f"{p.p99_ms:.1f}", f"{p.cpu_ms_per_call:.1f}", f"{p.foreign_load_cores:.2f}", str(p.errors),
+                      str(p.attempt))
     console.print(table)
     summary = _summary(points)
     console.print({k: v for k, v in summary.items() if k != "targets"})
