@@ -68,19 +68,51 @@ def verify_one(pred: str | None, gold: str, timeout_s: float) -> float:
 
 
 VERIFY_CODE = "import json, math, sys, threading\n" + inspect.getsource(verify_one) + """
-_item = json.loads(sys.stdin.read())
-print(verify_one(_item["pred"], _item["gold"], _item["timeout_s"]))
-"""  # runs in the sandbox ("verify" executor: math-verify preloaded), one item per call, the answer on stdin
+items = json.loads(sys.stdin.read())
+print(json.dumps([verify_one(i["pred"], i["gold"], i["timeout_s"]) for i in items]))
+"""  # runs in the sandbox ("verify" executor: math-verify preloaded); the items as JSON on stdin
+
+
+def _scores(res, n: int) -> list[float] | None:
+    """The n scores a check call printed, or None if it failed or printed something else."""
+    if res.status != OK:
+        return None
+    try:
+        scores = [float(x) for x in json.loads(res.stdout)]
+    except (ValueError, TypeError):
+        return None
+    return scores if len(scores) == n else None
 
 
 class Verifier:
-    """Scores batches through a sandbox backend (anything with `run_batch`), one call per item with an answer.
-    `timeout_s` is the verification's own wall-clock limit per item (Math-Verify's internal ones get the same);
-    `code` is the checking program (reads {"pred", "gold", "timeout_s"} as JSON on stdin, prints the score)."""
+    """Scores batches through a sandbox backend (anything with `run_batch`). Answers are checked `chunk` to a
+    sandbox call (each call pays a fork and math-verify's first-parse page copies, ~15 ms; an item alone ~1 ms),
+    each item under Math-Verify's own timeout and the call under a wall-clock limit of `timeout_s`. A call that
+    does not finish in time (an answer that hangs even where SIGALRM cannot interrupt it) is redone item by item,
+    each alone under `timeout_s`: the hanging one scores 0.0, the others are not penalised. `code` is the checking
+    program (reads a JSON list of {"pred", "gold", "timeout_s"} on stdin, prints the list of scores)."""
 
-    def __init__(self, sandbox, timeout_s: float = 2.0, code: str = VERIFY_CODE):
-        self.sandbox, self.timeout_s, self.code = sandbox, timeout_s, code
-        self.last_statuses: Counter = Counter()  # sandbox statuses of the last batch's checks
+    def __init__(self, sandbox, timeout_s: float = 2.0, chunk: int = 32, code: str = VERIFY_CODE):
+        if chunk < 1 or timeout_s <= 0:
+            raise ValueError("chunk and timeout_s must be positive")
+        self.sandbox, self.timeout_s, self.chunk, self.code = sandbox, timeout_s, chunk, code
+        self.last_statuses: Counter = Counter()  # per item of the last batch: how its (last) check ended
+
+    def _run(self, groups: list[list[tuple[int, str, str]]]) -> list[list[float] | None]:
+        reqs = [ExecRequest(self.code, json.dumps([{"pred": p, "gold": g, "timeout_s": self.timeout_s}
+                                                   for _, p, g in items]), timeout_s=self.timeout_s)
+                for items in groups]
+        out = []
+        for items, res in zip(groups, self.sandbox.run_batch(reqs) if reqs else []):
+            scores = _scores(res, len(items))
+            if scores is not None:
+                self.last_statuses[OK] += len(items)
+            elif len(items) == 1:  # a failed chunk is not counted: its items are redone one by one
+                self.last_statuses[res.status if res.status != OK else "error"] += 1
+                log.warning("verification of item %d (answer %.80r) ended %s: scored 0.0 (%s)", items[0][0],
+                            items[0][1], res.status, res.stderr.strip()[-200:])
+            out.append(scores)
+        return out
 
     def score(self, responses: list[str], golds: list[str], truncated: list[bool]) -> list[float]:
         """Binary rewards in input order; truncated responses and responses without an answer get 0.0."""
@@ -88,15 +120,15 @@ class Verifier:
             raise ValueError("responses, golds and truncated must have the same length")
         todo = [(i, pred, gold) for i, (resp, gold, cut) in enumerate(zip(responses, golds, truncated))
                 if not cut and (pred := extract_answer(resp)) is not None]
-        reqs = [ExecRequest(self.code, json.dumps({"pred": pred, "gold": gold, "timeout_s": self.timeout_s}),
-                            timeout_s=self.timeout_s) for _, pred, gold in todo]
         scores = [0.0] * len(responses)
         self.last_statuses = Counter()
-        for (i, pred, _), res in zip(todo, self.sandbox.run_batch(reqs) if reqs else []):
-            self.last_statuses[res.status] += 1
-            if res.status == OK and res.stdout.strip() in ("0.0", "1.0"):
-                scores[i] = float(res.stdout)
-            elif res.status != OK:
-                log.warning("verification of item %d (answer %.80r) ended %s: scored 0.0 (%s)", i, pred, res.status,
-                            res.stderr.strip()[-200:])
+        chunks = [todo[k:k + self.chunk] for k in range(0, len(todo), self.chunk)]
+        redo = []
+        for items, got in zip(chunks, self._run(chunks)):
+            if got is None and len(items) > 1:
+                redo += [[item] for item in items]
+            for (i, _, _), value in zip(items, got or []):
+                scores[i] = value
+        for [(i, _, _)], got in zip(redo, self._run(redo)):
+            scores[i] = got[0] if got else 0.0
         return scores
