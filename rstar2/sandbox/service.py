@@ -60,6 +60,10 @@ class _Slot:
 
 
 class SandboxService:
+    """Run untrusted Python: `run`/`run_batch` block, `submit` returns a Future. `slots` calls run at once (2 per
+    core); `queue_size` more may wait; `prewarm` starts those profiles' zygotes in every slot up front; `require`
+    names isolation layers without which the service refuses to start. Close it (or use `with`) to stop them."""
+
     STARTUP_TIMEOUT_S = 180.0  # a zygote importing numpy + sympy on a loaded 2-core machine
     GRACE_S = 5.0  # a zygote that overruns a call's own deadline by this much is killed
     MAX_START_FAILURES = 3
