@@ -20,6 +20,7 @@ class AblationParams(BaseModel):
     variants: list[str] = ["roc", "plain-grpo"]
     overrides: list[str] = []
     name: str = "ablation"  # run directories are <name>-<variant>
+    sft_checkpoint: str | None = None  # share this committed SFT model (default: the first variant trains one)
 
 
 @flow(name="ablation", flow_run_name="{params.name}")
@@ -27,7 +28,7 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     for v in params.variants:
         ablations.overrides(v)  # an unknown variant fails before anything runs
     base_cfg = config.load(params.preset, params.overrides)
-    results, sft = {}, None
+    results, sft = {}, params.sft_checkpoint
     for v in params.variants:
         summary = campaign(CampaignParams(preset=params.preset, overrides=params.overrides + ablations.overrides(v),
                                           run_name=f"{params.name}-{v}", sft_checkpoint=sft))

@@ -69,6 +69,7 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
                                                                   "no-tool"),
              set_: list[str] = typer.Option([], "--set", help="override applied to every variant"),
              name: str = typer.Option("ablation", help="run directories are <name>-<variant>"),
+             sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
@@ -83,7 +84,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
         raise typer.Exit(2)
     from flows.ablation import AblationParams, ablation as ablation_flow
 
-    res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name))
+    res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
+                                       sft_checkpoint=sft_checkpoint))
     table = Table(title=f"rstar2 ablation '{name}' on '{preset}': held-out pass@1")
     for col in ("variant", "SFT", "after RL", "gain", "steps", "wall s"):
         table.add_column(col)

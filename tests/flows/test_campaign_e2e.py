@@ -139,3 +139,25 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
             ("batch-metrics", "checkpoint"), ("score", "trajectory-samples")} <= edges
     assert {"stage1-short-metrics", "stage1-short-progress", "stage1-short-trajectories", "stage1-short-mlflow",
             "stage3-hard-hard-set"} <= keys
+
+
+def test_the_ablation_compares_variants_from_one_sft_model_in_mlflow(campaign_run):
+    from flows.ablation import AblationParams, ablation
+
+    _, run_dir, overrides = campaign_run
+    one_step = [o for o in overrides if not o.startswith(("stages.", "mining."))] + [
+        "stages.0.steps=1", "stages.0.prompts_per_step=2"]
+    res = ablation(AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=one_step, name="abl",
+                                  sft_checkpoint=str(run_dir / "sft")))
+    assert [r["variant"] for r in res["variants"]] == ["roc", "plain-grpo"]
+    assert {(r["variant"], r["step"]) for r in res["per_step"]} == {("roc", 1), ("plain-grpo", 1)}
+    rolled = {v: pl.read_parquet(run_dir.parent / f"abl-{v}" / "stage1" / "step-0000" / "rollouts.parquet").height
+              for v in ("roc", "plain-grpo")}
+    assert rolled == {"roc": 2 * 8, "plain-grpo": 2 * 4}  # RoC oversamples 2G, plain GRPO draws G
+    client = _mlflow(run_dir)
+    report = client.get_run(res["mlflow_run_id"])
+    pngs = {a.path for a in client.list_artifacts(report.info.run_id, "plots")}
+    assert {"plots/reward_mean.png", "plots/tool_error_rate_pos.png", "plots/pass1_train.png",
+            "plots/response_len_mean.png"} <= pngs
+    tagged = client.search_runs([report.info.experiment_id], "tags.ablation = 'plain-grpo'")
+    assert {r.data.tags.get("kind", "stage") for r in tagged} == {"campaign", "stage"}  # campaign and its stage run
