@@ -25,7 +25,12 @@ def setup(experiment: str, out_dir: str) -> str:
     """Point MLflow at the store and make sure the experiment exists; returns the experiment id."""
     global _client
     uri = store_uri(out_dir)
+    user_uri = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI; left there, the next campaign in this process (or a child
+    # process) would log to this run's store instead of its own out_dir
+    if user_uri is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     _client = mlflow.MlflowClient(uri)
     exp = _client.get_experiment_by_name(experiment)
     if exp is not None:
