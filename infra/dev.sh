@@ -2,7 +2,7 @@
 # One entry point for a fresh 2-core CPU machine with no hub access:
 #   bash infra/dev.sh campaign [args]   create .venv if needed, run the tiny campaign end to end
 #   bash infra/dev.sh test [pytest args] create .venv if needed, run the test suite
-#   bash infra/dev.sh ui-test            headless Chromium against the Prefect UI (installs Debian's chromium if missing)
+#   bash infra/dev.sh ui-test            headless Chromium against the Prefect and MLflow UIs (installs Debian's chromium if missing)
 #   bash infra/dev.sh serve [args]       Prefect + MLflow servers on 127.0.0.1 and a worker for prefect.yaml's deployments
 #   bash infra/dev.sh env                create .venv only
 # Every tool's state is kept under .rstar2/ (never $HOME).

@@ -5,8 +5,6 @@ Needs Debian's `chromium`; run it with `bash infra/dev.sh ui-test` (installs chr
 Prefect server on a free port, registers the deployments, runs a 1-step tiny campaign against it, then looks."""
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,30 +15,14 @@ from rstar2 import services
 
 pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=1",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=128",
          "eval.max_response_tokens=128", "world.max_positions=512"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _chromium(url: str, *args: str) -> str:
-    done = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1600,1000", "--virtual-time-budget=25000", *args, url],
-                          capture_output=True, text=True, timeout=180)
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not CHROMIUM:
-        pytest.fail("chromium is not installed: run `bash infra/dev.sh ui-test`, which installs it")
-    port = _free_port()
+def server(tmp_path_factory, free_port):
+    port = free_port()
     home = tmp_path_factory.mktemp("prefect-home")
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "RSTAR2_ROOT": str(ROOT)}
@@ -60,13 +42,7 @@ def server(tmp_path_factory):
         proc.wait(timeout=30)
 
 
-def _shots() -> Path:
-    d = Path(os.environ.get("RSTAR2_UI_SHOTS", ROOT / ".rstar2" / "ui-shots"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def test_the_ui_lists_the_deployments(server):
+def test_the_ui_lists_the_deployments(server, chromium, shots):
     """Every deployment of prefect.yaml is on the deployments page or, past its first page, on its own page."""
     import yaml
     from prefect.client.orchestration import SyncPrefectClient
@@ -76,16 +52,16 @@ def test_the_ui_lists_the_deployments(server):
     with SyncPrefectClient(f"{url}/api") as client:
         registered = {d.name: d.id for d in client.read_deployments()}
     assert want <= set(registered)
-    dom = _chromium(f"{url}/deployments", "--dump-dom")
+    dom = chromium(f"{url}/deployments", "--dump-dom")
     listed = {n for n in want if n in dom}
     assert len(listed) >= 5, listed  # the page rendered (it shows the first 10 rows)
     for name in want - listed:
-        assert name in _chromium(f"{url}/deployments/deployment/{registered[name]}", "--dump-dom"), name
-    _chromium(f"{url}/deployments", f"--screenshot={_shots() / 'deployments.png'}")
-    assert (_shots() / "deployments.png").stat().st_size > 10_000
+        assert name in chromium(f"{url}/deployments/deployment/{registered[name]}", "--dump-dom"), name
+    chromium(f"{url}/deployments", f"--screenshot={shots / 'deployments.png'}")
+    assert (shots / "deployments.png").stat().st_size > 10_000
 
 
-def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server):
+def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server, chromium, shots):
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
@@ -94,10 +70,10 @@ def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server):
         campaign = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["tiny"])))
         step = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-step-0"])))
     assert campaign and campaign[0].state.is_completed() and step
-    dom = _chromium(f"{url}/runs/flow-run/{campaign[0].id}", "--dump-dom")
+    dom = chromium(f"{url}/runs/flow-run/{campaign[0].id}", "--dump-dom")
     assert "Completed" in dom and "tiny" in dom
-    dom = _chromium(f"{url}/runs/flow-run/{step[0].id}", "--dump-dom")
+    dom = chromium(f"{url}/runs/flow-run/{step[0].id}", "--dump-dom")
     assert "stage1-step-0" in dom
-    _chromium(f"{url}/runs/flow-run/{step[0].id}", f"--screenshot={_shots() / 'rl-step-dag.png'}")
-    _chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={_shots() / 'campaign.png'}")
-    assert (_shots() / "rl-step-dag.png").stat().st_size > 10_000
+    chromium(f"{url}/runs/flow-run/{step[0].id}", f"--screenshot={shots / 'rl-step-dag.png'}")
+    chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={shots / 'campaign.png'}")
+    assert (shots / "rl-step-dag.png").stat().st_size > 10_000
