@@ -19,6 +19,7 @@ import polars as pl
 from rstar2 import roc, rollout
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
 from rstar2.reward import Verifier
+from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.sandbox.metrics import summarize
 from rstar2.world.problems import validate
@@ -48,6 +49,14 @@ def _stats_uri(uri: str) -> Path:
     return Path(uri).with_suffix(".sandbox.json")
 
 
+class ToolDisabled:
+    """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on
+    its own."""
+
+    def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        return [ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0) for _ in reqs]
+
+
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
     """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
     run sees exactly the data the uninterrupted one would have."""
@@ -64,13 +73,14 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
                        sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
-    sb = sandbox(sandbox_cfg)
-    before = sb.snapshot()
-    trajs = rollout.run(generate, sb, tok, problems, n_samples,
+    sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
+    before = sb.snapshot() if sb else None
+    trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples,
                         rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
                                               limits.tool_response_chars, max_model_len), on_turn=on_turn)
-    _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
-    _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
+    if sb:
+        _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
+        _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
     rows = rollout.to_rows(trajs, tok)
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
