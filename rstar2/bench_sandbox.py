@@ -148,6 +148,8 @@ class Soak:
     received: int = 0
     lost: int = 0  # an exception or no result
     mismatched: int = 0  # a result that does not carry the request's own token (or carries it twice)
+    executed: int = 0  # calls the service ran (its own counter): more than sent = a request ran twice
+    duplicated: int = 0  # executed - sent, at least 0
     statuses: dict = field(default_factory=dict)
     calls_per_s: float = 0.0
     rss_mb_start: float = 0.0
@@ -223,6 +225,12 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
             return SyncSandbox(BatchingClient(HttpTransport([url]), batch_size=4, senders=1))
         return service
 
+    def executed() -> int:  # the service's own count of finished calls (its start-up probes included)
+        snap = service.snapshot() if service else json.loads(
+            urllib.request.urlopen(f"{url}/metrics/snapshot", timeout=10).read())
+        return int(sum(snap["calls"].values()))
+
+    executed_before = executed()
     samples: list[float] = []
     stop = time.monotonic() + duration_s
     counter = iter(range(10**9))
@@ -270,6 +278,8 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
     res.rss_mb_samples = [round(x, 1) for x in samples]
     if len(warm) > 2:
         res.rss_mb_per_min = round(float(np.polyfit(np.arange(len(warm)), warm, 1)[0]) * 60, 2)  # 1 sample/s
+    res.executed = executed() - executed_before
+    res.duplicated = max(0, res.executed - res.sent)
     if server is not None:
         server.terminate()
         server.wait(timeout=30)
@@ -336,6 +346,7 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+    load_start = os.getloadavg()  # 1, 5, 15 min: other tenants of a shared machine show here
     expected = {}
     for name in names:  # ground truth from a plain interpreter; the sandbox must print the same
         r = subprocess.run([sys.executable, "-c", SNIPPETS[name]], capture_output=True, text=True, check=True)
@@ -368,14 +379,16 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
     summary = _summary(points)
     console.print({k: v for k, v in summary.items() if k != "targets"})
     out = {"command": "rstar2 bench sandbox " + " ".join(sys.argv[3:]), "cores": os.cpu_count(), "slots": slots,
-           "python": sys.executable, "isolation": layers, "points": [asdict(p) for p in points], "summary": summary}
+           "python": sys.executable, "isolation": layers, "points": [asdict(p) for p in points], "summary": summary,
+           "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
     if soak_s > 0:
         s = soak(soak_over, soak_clients, soak_s, slots)
         t = Table(title=f"soak: {s.clients} clients over {s.over} for {s.duration_s:g} s")
-        for col in ("sent", "received", "lost", "mismatched", "calls/s", "statuses", "service RSS MB start/end/max",
-                    "MB/min"):
+        for col in ("sent", "received", "executed", "lost", "mismatched", "duplicated", "calls/s", "statuses",
+                    "service RSS MB start/end/max", "MB/min"):
             t.add_column(col)
-        t.add_row(str(s.sent), str(s.received), str(s.lost), str(s.mismatched), f"{s.calls_per_s:.1f}",
+        t.add_row(str(s.sent), str(s.received), str(s.executed), str(s.lost), str(s.mismatched), str(s.duplicated),
+                  f"{s.calls_per_s:.1f}",
                   json.dumps(s.statuses), f"{s.rss_mb_start:.0f} / {s.rss_mb_end:.0f} / {s.rss_mb_max:.0f}",
                   f"{s.rss_mb_per_min:+.2f}")
         console.print(t)
