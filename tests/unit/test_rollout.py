@@ -67,3 +67,11 @@ def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok, servic
     assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
     cut = run(tok, service, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
     assert cut.truncated and len(cut.response_ids) == 5
+
+
+def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
+    from rstar2.steps import ToolDisabled
+
+    t = run(tok, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
+    tool_part = tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
+    assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
