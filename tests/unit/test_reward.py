@@ -65,11 +65,11 @@ def test_verifier_batch_in_order_with_truncation(service):
 
 
 def test_verifier_survives_pathological_input(service):
-    v = Verifier(service, timeout_s=1.0, code=HANG_ON_MARKER)
+    v = Verifier(service, timeout_s=2.5, code=HANG_ON_MARKER)  # margin for a niced run on a loaded machine
     v.score([resp("\\boxed{1}")], ["1"], [False])  # warm executor: the timing below is the items' own
     t0 = time.monotonic()
     scores = v.score([resp("\\boxed{3}"), resp("\\boxed{HANG}"), resp("\\boxed{9^{9^{9^{9}}}}"),
                       resp("\\boxed{7}")], ["3", "3", "5", "7"], [False] * 4)
     assert scores == [1.0, 0.0, 0.0, 1.0]  # the chunk timed out; redone one by one, only HANG is lost
-    assert v.last_statuses["timeout"] >= 1 and v.last_statuses["ok"] >= 2 and time.monotonic() - t0 < 15
+    assert v.last_statuses["timeout"] >= 1 and v.last_statuses["ok"] >= 2 and time.monotonic() - t0 < 20
     assert v.score([resp("\\boxed{2}")], ["2"], [False]) == [1.0]  # the service keeps answering
