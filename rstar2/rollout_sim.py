@@ -467,3 +467,13 @@ def bounds(wl: Workload, hw: Hardware, engines: int) -> dict:
     p = int(wl.prompt_len[i])
     solo = sum(hw.step_time(1, p + x) for x in range(0, sum(wl.decode[i]), 16)) * 16 + sum(wl.tool_s[i])
     return {"work_per_engine_s": work / engines, "longest_solo_s": solo, "lb_s": max(work / engines, solo)}
+
+
+def warm_estimator(prev: Workload, cfg: SchedulerCfg) -> LengthEstimator:
+    """The length estimate kv_aware starts a step with: learned from the previous step's finished trajectories
+    (final response length, turns), as in a training run where every step after the first has one."""
+    est = LengthEstimator(cfg.estimator_window, cfg.prior_frac)
+    for r, t in zip(prev.response_len, prev.turns):
+        est.observe(int(r), int(t))
+    est.commit()
+    return est

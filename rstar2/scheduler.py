@@ -347,23 +347,30 @@ class Scheduler:
         return picks
 
     def _pick_kv(self) -> list[tuple[int, int]]:
-        """Queue head to the engine with the most headroom (budget minus the expected peak with it added), if it
-        fits there; an idle engine always takes one (a footprint larger than a whole budget must not deadlock)."""
+        """Queue head to an engine where its expected footprint fits the budget: the one with the fewest of its
+        siblings (spreading a prompt's correlated rollouts is most of the gain over a prompt-grouped split), then
+        the most headroom. None fits: wait for a release, unless an engine is idle (a footprint larger than a
+        whole budget must not deadlock)."""
         picks = []
         while self._queue:
             tv = self.trajs[self._queue.peek()]
             fp = self._footprint(tv)
-            e = self._open(key=lambda v: v.budget - self._peak_with(v, tv, fp))
-            if e is None:
-                break
-            v = self.engines[e]
-            if self._peak_with(v, tv, fp) > v.budget and v.inflight:
-                for w in self.engines:
-                    w.blocked = w.blocked or (w.alive and len(w.inflight) < self.cfg.max_inflight)
+            best, best_key = None, None
+            for i, v in enumerate(self.engines):
+                if not v.alive or len(v.inflight) >= self.cfg.max_inflight:
+                    continue
+                room = v.budget - self._peak_with(v, tv, fp)
+                if room < 0 and v.inflight:
+                    v.blocked = True
+                    continue
+                key = (-v.groups.get(tv.group, 0), room)
+                if best is None or key > best_key:
+                    best, best_key = i, key
+            if best is None:
                 break
             self._queue.pop()
-            picks.append((tv.tid, e))
-            self._start(tv, e, fp)
+            picks.append((tv.tid, best))
+            self._start(tv, best, fp)
         return picks
 
     def _pick_oracle(self) -> list[tuple[int, int]]:
