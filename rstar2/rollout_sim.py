@@ -213,7 +213,8 @@ class SimEngine:
 
     @property
     def usage(self) -> float:
-        return self.kv / self.hw.capacity
+        """KV in use, tool-waiting sequences' cached prefixes included (they are live trajectories' KV)."""
+        return (self.kv + self.cached_kv) / self.hw.capacity
 
     def _join(self, r: _Req) -> None:
         if not self.group_refs.get(r.group):
@@ -424,7 +425,7 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
                 last = j == len(wl.decode[tid]) - 1
                 en.finish_turn(tid, keep_cache=not last)
                 sched.progress(tid, int(resp[tid]), j + 1)
-                sched.observe_engine(a, t, en.usage, en.preemptions)
+                sched.observe_engine(a, t, en.usage, en.preemptions + en.evictions)  # both mean recompute
                 if last:
                     sched.release(tid, "finished", t)
                     done_times.append(t)
@@ -477,3 +478,82 @@ def warm_estimator(prev: Workload, cfg: SchedulerCfg) -> LengthEstimator:
         est.observe(int(r), int(t))
     est.commit()
     return est
+
+
+# ---- scenarios and the sweep behind `rstar2 bench rollout` ---------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    engines: int
+    prompts: int
+    stage: str
+    capacity: int
+    tools: str = "base"
+    samples: int = 32
+
+
+def scenarios(engines: int = 64, prompts: int = 512) -> list[Scenario]:
+    """The issue's grid at a given scale (paper: 64 engines, 512 prompts x 32): 8K and 12K budgets, generous
+    (750K tokens, bf16 KV on a 192 GB GPU) and tight (250K / 400K) KV, slow and fast tools."""
+    s = lambda name, stage, cap, tools="base": Scenario(name, engines, prompts, stage, cap, tools)  # noqa: E731
+    return [s("s1_8K_C750K", "s1", 750_000), s("s1_8K_C250K", "s1", 250_000),
+            s("s1_8K_C750K_slowtool", "s1", 750_000, "slow"), s("s1_8K_C750K_fasttool", "s1", 750_000, "fast"),
+            s("s2_12K_C750K", "s2", 750_000), s("s3_12K_C750K", "s3", 750_000), s("s3_12K_C400K", "s3", 400_000)]
+
+
+BENCH_POLICIES = ("oracle", "static", "round_robin", "least_requests", "kv_aware")
+
+
+def run_scenario(sc: Scenario, seed: int, icc_value: float, cfg: SchedulerCfg,
+                 policies: tuple[str, ...] = BENCH_POLICIES) -> list[dict]:
+    """Every policy on one seed's workload (and the same previous step for kv_aware's length estimate)."""
+    spec = WorkloadSpec(sc.prompts, sc.samples, STAGES[sc.stage], icc_value, TOOLS[sc.tools])
+    wl = make_workload(spec, np.random.default_rng(seed))
+    prev = make_workload(spec, np.random.default_rng(10_000 + seed))
+    hw = Hardware(capacity=sc.capacity)
+    b = bounds(wl, hw, sc.engines)
+    rows = []
+    for p in policies:
+        r = simulate(wl, hw, sc.engines, p, cfg, warm_estimator(prev, cfg))
+        rows.append({"scenario": sc.name, "seed": seed, **r.row(), "naive_bound_s": round(b["lb_s"], 2)})
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per scenario and policy: median makespan over seeds, and the medians of the per-seed ratios the issue's
+    bar is stated in (x oracle, static / this, this / round_robin and least_requests)."""
+    out = []
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        by_seed: dict[int, dict[str, dict]] = {}
+        for r in rows:
+            if r["scenario"] == sc:
+                by_seed.setdefault(r["seed"], {})[r["policy"]] = r
+        for p in dict.fromkeys(r["policy"] for r in rows if r["scenario"] == sc):
+            seeds = [d for d in by_seed.values() if p in d]
+            ms = np.array([d[p]["makespan_s"] for d in seeds])
+            ratio = lambda other: float(np.median([d[p]["makespan_s"] / d[other]["makespan_s"]  # noqa: E731
+                                                   for d in seeds])) if all(other in d for d in seeds) else None
+            out.append({"scenario": sc, "policy": p, "seeds": len(seeds), "makespan_s": float(np.median(ms)),
+                        "x_oracle": ratio("oracle"), "x_round_robin": ratio("round_robin"),
+                        "x_least_requests": ratio("least_requests"),
+                        "static_speedup": 1 / ratio("static") if ratio("static") else None,
+                        "x_naive_bound": float(np.median([d[p]["makespan_s"] / d[p]["naive_bound_s"] for d in seeds])),
+                        **{k: float(np.median([d[p][k] for d in seeds]))
+                           for k in ("idle_frac", "recompute_frac", "preemptions", "evictions", "mean_batch",
+                                     "queue_wait_mean_s")}})
+    return out
+
+
+def measured_icc(paths: list[str]) -> dict:
+    """Within-prompt correlation of response lengths in real rollout tables (runs/<run>/stage*/step-*/
+    rollouts.parquet): groups are (file, problem_id), so each step's rollouts of a prompt form one group."""
+    import polars as pl
+
+    if not paths:
+        raise ValueError("no rollout tables given: run a campaign first (runs/<run>/stage*/step-*/rollouts.parquet)")
+    df = pl.concat([pl.read_parquet(p, columns=["problem_id", "response_len", "num_turns"])
+                    .with_columns(pl.lit(i).alias("file")) for i, p in enumerate(paths)])
+    groups = (df["file"].cast(pl.Utf8) + "/" + df["problem_id"].cast(pl.Utf8)).to_list()
+    return {"icc": icc(groups, df["response_len"].to_list()), "rollouts": df.height,
+            "groups": len(set(groups)), "files": len(paths),
+            "mean_response_len": float(df["response_len"].mean()), "mean_turns": float(df["num_turns"].mean())}
