@@ -69,3 +69,43 @@ def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok):
     assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
     cut = run(tok, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
     assert cut.truncated and len(cut.response_ids) == 5
+
+
+def run_sched(tok, script, engines, samples=3, policy="kv_aware", **limits):
+    from rstar2.config import SchedulerCfg
+
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    with LocalSandbox(SandboxLimits(timeout_s=5), workers=2) as sb:
+        return rollout.run_scheduled(engines, [10_000] * len(engines), SchedulerCfg(), sb, tok, problems, samples,
+                                     rollout.RolloutLimits(**limits), policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
+def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, policy):
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
+    gen = scripted(tok, script)
+    trajs, stats = run_sched(tok, script, [gen, gen], policy=policy, max_turns=5, max_response_tokens=2000)
+    ref = run(tok, script, max_turns=5, max_response_tokens=2000)
+    assert len(trajs) == 9 and stats["sched_engine_failures"] == 0
+    for t in trajs:
+        assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask
+    assert stats["sched_engine0_dispatched"] + stats["sched_engine1_dispatched"] == 9
+
+
+def test_scheduled_rollout_survives_an_engine_failure(tok):
+    """Engine 1 dies on its second call: its trajectories are requeued to engine 0, each finishes exactly once."""
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
+    good, calls = scripted(tok, script), []
+
+    def dying(prompts, max_tokens):
+        calls.append(len(prompts))
+        if len(calls) >= 2:
+            raise RuntimeError("engine actor died")
+        return good(prompts, max_tokens)
+
+    trajs, stats = run_sched(tok, script, [good, dying], samples=4, max_turns=5, max_response_tokens=2000)
+    assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+    assert sorted((t.problem_id, t.sample_idx) for t in trajs) == [(p, k) for p in script for k in range(4)]
+    for t in trajs:
+        assert t.done and not t.truncated and t.num_turns == len(script[t.problem_id])
+        assert t.tool_statuses == ["ok"] * (len(script[t.problem_id]) - 1)  # no turn ran twice
