@@ -93,7 +93,7 @@ def _after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits)
     return _Pending(traj, request=req)
 
 
-def _make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits) -> list[Trajectory]:
+def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits) -> list[Trajectory]:
     trajs: list[Trajectory] = []
     for p in problems:
         prompt_ids = tokenizer(T.build_prompt(p["prompt"]), add_special_tokens=False)["input_ids"]
@@ -134,7 +134,7 @@ def _tool_turn(p: _Pending, tokenizer) -> bool:
 def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict], n_samples: int,
         limits: RolloutLimits, on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
     """Roll out `n_samples` trajectories per problem (dicts with problem_id, prompt, answer), turn by turn."""
-    trajs = _make_trajs(tokenizer, problems, n_samples, limits)
+    trajs = make_trajs(tokenizer, problems, n_samples, limits)
     turn = 0
     while live := [t for t in trajs if not t.done]:
         budgets = [t.budget - len(t.response_ids) for t in live]
@@ -160,7 +160,7 @@ def run_scheduled(engines: list[GenerateFn], capacities: list[int], cfg: Schedul
     step's scheduling metrics (per-engine busy share, queue wait, tool time, requeues, engine failures)."""
     from rstar2.scheduler import Scheduler
 
-    trajs = _make_trajs(tokenizer, problems, n_samples, limits)
+    trajs = make_trajs(tokenizer, problems, n_samples, limits)
     sched = Scheduler(capacities, cfg, policy)
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
