@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from rstar2 import roc, rollout
-from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
+from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
 from rstar2.reward import Verifier
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
@@ -70,14 +70,23 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 
 def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
-                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
+                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None,
+                       scheduled: tuple[list, list[int], SchedulerCfg] | None = None) -> dict:
+    """Roll out and write the table. `scheduled` = (per-engine GenerateFns, KV capacities, scheduler config): the
+    RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn."""
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
+    lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
+    sched_stats: dict = {}
     sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
-    trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples,
-                        rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
-                                              limits.tool_response_chars, max_model_len), on_turn=on_turn)
+    if scheduled:
+        trajs, sched_stats = rollout.run_scheduled(*scheduled, sb or ToolDisabled(), tok, problems, n_samples, lim,
+                                                   on_done=on_turn)
+        sched_stats.pop("sched_failures")
+        sched_stats.pop("sched_policy")
+    else:
+        trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples, lim, on_turn=on_turn)
     if sb:
         _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
         _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
@@ -87,7 +96,7 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
     pl.DataFrame(rows).write_parquet(out_uri)
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
     return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
-            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9)}
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats}
 
 
 def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:

@@ -75,3 +75,42 @@ def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
     t = run(tok, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
     tool_part = tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
     assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
+
+
+def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", **limits):
+    from rstar2.config import SchedulerCfg
+
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    return rollout.run_scheduled(engines, [10_000] * len(engines), SchedulerCfg(), service, tok, problems, samples,
+                                 rollout.RolloutLimits(**limits), policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
+def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
+    gen = scripted(tok, script)
+    trajs, stats = run_sched(tok, service, script, [gen, gen], policy=policy, max_turns=5, max_response_tokens=2000)
+    ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
+    assert len(trajs) == 9 and stats["sched_engine_failures"] == 0
+    for t in trajs:
+        assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask
+    assert stats["sched_engine0_dispatched"] + stats["sched_engine1_dispatched"] == 9
+
+
+def test_scheduled_rollout_survives_an_engine_failure(tok, service):
+    """Engine 1 dies on its second call: its trajectories are requeued to engine 0, each finishes exactly once."""
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
+    good, calls = scripted(tok, script), []
+
+    def dying(prompts, max_tokens):
+        calls.append(len(prompts))
+        if len(calls) >= 2:
+            raise RuntimeError("engine actor died")
+        return good(prompts, max_tokens)
+
+    trajs, stats = run_sched(tok, service, script, [good, dying], samples=4, max_turns=5, max_response_tokens=2000)
+    assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+    assert sorted((t.problem_id, t.sample_idx) for t in trajs) == [(p, k) for p in script for k in range(4)]
+    for t in trajs:
+        assert t.done and not t.truncated and t.num_turns == len(script[t.problem_id])
+        assert t.tool_statuses == ["ok"] * (len(script[t.problem_id]) - 1)  # no turn ran twice
