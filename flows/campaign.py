@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from pydantic import BaseModel
 
-from rstar2 import checkpoint, config, runstate, tracking
+from rstar2 import checkpoint, config, report, runstate, tracking
 from flows.evaluate import evaluate_checkpoint
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
@@ -81,6 +81,9 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
                    "eval_samples": cfg.eval.samples, "eval_problems": after["problems"],
                    "wall_s": time.perf_counter() - t0}
         tracking.log_metrics(run_id, {k: v for k, v in summary.items() if k.startswith(("pass1", "wall"))}, global_step)
+        curves = tracking.histories_by_stage(exp_id, run_id, list(report.CURVES))  # one line per stage
+        for png in report.comparison_plots(curves, str(run / "plots"), f"{run.name}: stages"):
+            tracking.client().log_artifact(run_id, png, "plots")
         (run / "summary.json").write_text(json.dumps(summary, indent=1))
         create_markdown_artifact(
             f"| checkpoint | held-out pass@1 ({cfg.eval.split}) |\n|---|---|\n| SFT | {before['pass1']:.3f} |\n"

@@ -114,6 +114,15 @@ def stage_histories(experiment_id: str, campaign_run_id: str, metrics: list[str]
             for m in metrics}
 
 
+def histories_by_stage(experiment_id: str, campaign_run_id: str,
+                       metrics: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Per-step curves of a campaign, one set per stage child run (keyed by run name), for one line per stage."""
+    stages = client().search_runs([experiment_id], f"tags.mlflow.parentRunId = '{campaign_run_id}'",
+                                  order_by=["attributes.start_time ASC"])
+    return {r.info.run_name: {m: sorted((h.step, h.value) for h in client().get_metric_history(r.info.run_id, m))
+                              for m in metrics} for r in stages}
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in tree.items():

@@ -67,6 +67,9 @@ def test_the_transition_decision_and_its_evidence_are_recorded(campaign_run):
     assert "reset optimizer" in campaign.data.tags["transition.stage3-hard"]
     stage2 = json.loads(Path(client.download_artifacts(campaign.info.run_id, "transitions/stage2-long.json")).read_text())
     assert stage2["previous_end"]["reason"] == "plateau" and stage2["global_step"] == 2
+    # the campaign's comparison report: one line per stage
+    assert {a.path for a in client.list_artifacts(campaign.info.run_id, "plots")} >= {
+        "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png", "plots/response_len_mean.png"}
 
 
 def test_mining_wrote_the_hard_set_with_its_lineage_and_stage3_trained_on_it(campaign_run):
