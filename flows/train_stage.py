@@ -22,8 +22,8 @@ def train_stage(cfg: RunCfg, stage: StageCfg, actors: dict, world: dict, run_dir
     start = checkpoint.manifest(last)["step"] if last else 0
     run_id = tracking.create_run(experiment_id, f"stage-{stage.name}", parent_run_id, {"stage": stage.name})
     tracking.log_params(run_id, stage.model_dump())
-    if last:  # a retried stage resumes from its last committed step
-        rl.load_weights(actors, str(last))
+    if last:  # a retried or restarted stage resumes the trainer's full state from its last committed step
+        rl.resume(actors, str(last))
     progress = create_progress_artifact(start / max(1, stage.steps) * 100, key=f"{stage.name}-progress".replace("_", "-"),
                                         description=f"stage {stage.name}")
     rows, step_result = [], {}

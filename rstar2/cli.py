@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rstar2 import env
+from rstar2 import bench_trainer, env
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = Console()
@@ -71,6 +71,11 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
     except Exception as e:  # noqa: BLE001
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and takes --json PATH")
+app.add_typer(bench_app, name="bench")
+bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
 
 
 if __name__ == "__main__":

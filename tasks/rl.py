@@ -74,10 +74,13 @@ def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg,
     return steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri)
 
 
-@task(name="load-weights", cache_policy=None)
-def load_weights(actors: dict, model_dir: str) -> str:
-    ray.get([cluster.get(e).load_weights.remote(model_dir) for e in actors["engines"]])
-    return model_dir
+@task(name="resume", cache_policy=None)
+def resume(actors: dict, ckpt_dir: str) -> dict:
+    """Restart from a committed checkpoint: the trainer's full state (weights, optimizer, LR schedule, RNGs, step),
+    then the same weights into every engine. Returns the checkpoint's meta (stage, step, global_step)."""
+    meta = ray.get(cluster.get(actors["trainer"]).load_state.remote(ckpt_dir))
+    ray.get([cluster.get(e).load_weights.remote(ckpt_dir) for e in actors["engines"]])
+    return meta
 
 
 @task(name="reset-optimizer", cache_policy=None)
