@@ -176,9 +176,13 @@ def varlen_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
                      rstar2_segments=None, **kwargs) -> tuple[Tensor, None]:
     """Causal attention per packed segment: q (B, Hq, T, D), k/v (B, Hkv, T, D) -> (B, T, Hq, D). A segment
     (s, e, ps, pe) attends causally to itself after the prefix span ps..pe (its shared prompt; empty if ps == pe).
-    Exact: each sequence sees only its own tokens, as if run alone."""
+    Exact: each sequence sees only its own tokens, as if run alone. Without segments (an ordinary forward of the
+    same model, e.g. a reference or generation call) it is plain SDPA attention."""
     if rstar2_segments is None:
-        raise ValueError(f"{VARLEN} attention needs the packed segments (rstar2.batching.collate)")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
     out = torch.empty_like(query)                                                             # (B, Hq, T, D)
     gqa = query.shape[1] != key.shape[1]
     for b, segs in enumerate(rstar2_segments):

@@ -76,6 +76,12 @@ def _peak() -> float:
     return device.peak_memory_mb(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def _enough(steps: list[dict], spec: dict) -> bool:
+    """Stop once `steps` clean steps (beyond the warm-up) are in, or after `max_steps` in all."""
+    clean = [s for s in steps[1:] if s["cpu_util"] >= spec["clean_util"]]
+    return len(clean) >= spec["steps"] or len(steps) >= spec["max_steps"]
+
+
 def worker_ours(spec: dict) -> list[dict]:
     from rstar2.config import TrainerCfg
     from rstar2.trainer import PolicyTrainer
@@ -83,8 +89,8 @@ def worker_ours(spec: dict) -> list[dict]:
     cfg = TrainerCfg(lr=spec["lr"], warmup_steps=1, dtype=spec["dtype"], layout=spec["layout"],
                      micro_batch_tokens=spec["micro_batch_tokens"], device=spec["device"])
     tr = PolicyTrainer(spec["model"], cfg, seed=0)
-    steps = []
-    for _ in range(spec["steps"]):
+    steps: list[dict] = []
+    while not _enough(steps, spec):
         base = _rss_reset()
         c0 = time.process_time()
         m = tr.update(spec["batch"])
@@ -132,7 +138,7 @@ def worker_trl(spec: dict) -> list[dict]:
         num_generations=g, max_completion_length=int(df["response_ids"].list.len().max()), beta=0.0,
         loss_type="dapo", epsilon=0.2, epsilon_high=0.28, learning_rate=spec["lr"], max_grad_norm=1.0,
         bf16=spec["dtype"] == "bfloat16", use_cpu=spec["device"] == "cpu", report_to="none", save_strategy="no",
-        seed=0, max_steps=spec["steps"], logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
+        seed=0, max_steps=spec["max_steps"], logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model, reward_funcs=recorded, args=args, processing_class=tok,
                           train_dataset=Dataset.from_dict({"prompt": list(rows)}), rollout_func=rollout_func)
     gen_s = [0.0]
@@ -160,6 +166,8 @@ def worker_trl(spec: dict) -> list[dict]:
             steps.append({"update_s": wall - gen_s[0], "loss_tokens": loss_tokens, "fed_tokens": fed,
                           "peak_mb": _peak(), "base_mb": self.base, "generate_s": gen_s[0],
                           "cpu_util": (time.process_time() - self.c0) / wall})
+            if _enough(steps, spec):
+                kw["control"].should_training_stop = True
 
     trainer.add_callback(Clock())
     trainer.train()
@@ -179,10 +187,15 @@ def _run_worker(side: str, spec: dict) -> list[dict]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def summarise(name: str, steps: list[dict]) -> dict:
+def summarise(name: str, steps: list[dict], clean_util: float) -> dict:
+    """Median over clean steps (the process had its cores: CPU time / wall >= clean_util), else over all after the
+    warm-up; on a shared machine the other processes' load otherwise decides the figure."""
     timed = steps[1:] or steps  # the first step is warm-up
+    clean = [s for s in timed if s["cpu_util"] >= clean_util]
+    timed = clean or timed
     tps = [s["loss_tokens"] / s["update_s"] for s in timed]
-    return {"name": name, "steps": len(timed), "tokens_per_s": statistics.median(tps), "tokens_per_s_best": max(tps),
+    return {"name": name, "steps": len(timed), "clean": bool(clean), "tokens_per_s": statistics.median(tps),
+            "tokens_per_s_best": max(tps),
             "update_s": statistics.median(s["update_s"] for s in timed), "loss_tokens": timed[0]["loss_tokens"],
             "fed_tokens": timed[0]["fed_tokens"], "peak_mb": max(s["peak_mb"] for s in timed),
             "update_mem_mb": max(s["peak_mb"] - s["base_mb"] for s in timed),
@@ -193,7 +206,8 @@ def command(
     batch: Optional[Path] = typer.Option(None, help="recorded RL-step batch (kept.parquet); default: the tiny-world "
                                                     "step shipped with rstar2"),
     model: Optional[Path] = typer.Option(None, help="HF model dir; default: random init of the batch's tiny model"),
-    steps: int = typer.Option(4, help="update steps per side (the first is warm-up)"),
+    steps: int = typer.Option(3, help="clean update steps to time per side (after one warm-up step)"),
+    max_steps: int = typer.Option(12, help="give up waiting for clean steps after this many"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 (autocast), both sides"),
     layouts: str = typer.Option("bucket,pack", help="our micro-batch layouts to run, comma-separated"),
     micro_batch_tokens: int = typer.Option(8192, help="our token budget per micro-batch"),
@@ -223,24 +237,28 @@ def command(
         except (ValueError, OSError) as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2)
-        spec = {**info, "steps": steps, "dtype": dtype, "micro_batch_tokens": micro_batch_tokens, "lr": 1e-6,
+        import torch
+
+        threads = torch.get_num_threads()
+        clean_util = 0.9 * threads if device == "cpu" else 0.0
+        spec = {**info, "steps": steps, "max_steps": max_steps, "clean_util": clean_util, "dtype": dtype, "micro_batch_tokens": micro_batch_tokens, "lr": 1e-6,
                 "trl_micro_batch": trl_micro_batch, "device": device, "tmp": tmp}
         rows = []
         for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
-            rows.append(summarise(f"rstar2 ({layout})", _run_worker("ours", {**spec, "layout": layout})))
+            rows.append(summarise(f"rstar2 ({layout})", _run_worker("ours", {**spec, "layout": layout}), clean_util))
         if trl:
-            rows.append(summarise("TRL GRPOTrainer", _run_worker("trl", spec)))
+            rows.append(summarise("TRL GRPOTrainer", _run_worker("trl", spec), clean_util))
     table = Table(title=f"trainer update: {info['rows']} sequences ({info['rows'] // info['group_size']} prompts x "
                         f"{info['group_size']}), {info['loss_tokens']:,} loss tokens of {info['tokens']:,}, {dtype}, "
-                        f"{device}, median of {steps - 1} steps")
-    for col in ("trainer", "tokens/s", "best", "update s", "fed tokens", "peak MB", "update MB", "CPU util"):
+                        f"{device}, median of {steps} clean steps ({threads} threads)")
+    for col in ("trainer", "tokens/s", "best", "update s", "fed tokens", "peak MB", "update MB", "CPU util", "clean"):
         table.add_column(col, justify="right" if col != "trainer" else "left")
     for r in rows:
         table.add_row(r["name"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_best']:,.0f}", f"{r['update_s']:.2f}",
                       f"{r['fed_tokens']:,}", f"{r['peak_mb']:,.0f}", f"{r['update_mem_mb']:,.0f}",
-                      f"{r['cpu_util']:.2f}")
+                      f"{r['cpu_util']:.2f}", "yes" if r["clean"] else "[red]no[/red]")
     console.print(table)
-    result = {"batch": str(batch), "dtype": dtype, "device": device, "steps": steps, **{k: info[k] for k in (
+    result = {"batch": str(batch), "dtype": dtype, "device": device, "threads": threads, **{k: info[k] for k in (
         "rows", "group_size", "loss_tokens", "tokens")}, "runs": rows}
     trl_row = next((r for r in rows if r["name"].startswith("TRL")), None)
     if trl_row:

@@ -70,10 +70,9 @@ class DeepSpeedBackend:
         return self.engine.module
 
     def reset_optimizer(self) -> None:
-        base = getattr(self.opt, "optimizer", self.opt)  # the torch AdamW under ZeRO's wrapper
+        base = self.engine.basic_optimizer  # the torch AdamW under ZeRO's wrapper
         base.state.clear()  # Adam moments and step counts are re-created on the next step
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._warmup)
-        self.engine.lr_scheduler = self.sched
+        self.sched = self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(base, self._warmup)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)

@@ -3,11 +3,13 @@ and full-state resume that is bit-identical to never having stopped."""
 
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -88,7 +90,7 @@ def test_update_equals_literal_full_logits_reference(tiny_model, tmp_path, layou
     for h in hooks:
         h.remove()
     assert m["update_loss_tokens"] == sum(sum(x) for x in pl.read_parquet(uri)["loss_mask"].to_list())
-    assert m["loss"] == pytest.approx(float(loss), abs=1e-6)
+    assert m["loss"] == pytest.approx(loss.item(), abs=1e-6)
     assert m["grad_norm"] > 0
     # bucket computes some padding; pack computes none and each group's prompt once
     assert (m["fed_per_token"] >= 1) if layout == "bucket" else (m["fed_per_token"] < 1)
@@ -204,6 +206,41 @@ def test_deepspeed_missing_is_one_clear_error(tiny_model, monkeypatch):
 
 
 # ---------------------------------------------------------------- full-state resume
+RESUME_CFG = config.TrainerCfg(lr=1e-3, warmup_steps=3, mini_batches=2, micro_batch_tokens=48)
+
+
+def _assert_same_as_never_stopped(tiny_model, uris, ck, resumed_metrics, resumed):
+    never_stopped = PolicyTrainer(tiny_model, RESUME_CFG, seed=0)
+    for u in uris:
+        never_stopped.update(u)
+    for (k, p), q in zip(params(never_stopped).items(), params(resumed).values()):
+        assert torch.equal(p, q), k  # bit-identical weights
+    for s1, s2 in zip(never_stopped.backend.opt.state.values(), resumed.backend.opt.state.values()):
+        assert all(torch.equal(s1[k], s2[k]) for k in s1)  # and Adam moments
+    assert resumed_metrics["lr"] == never_stopped.backend.lr() and resumed.step == never_stopped.step == 6
+
+
+def _resume(tiny_model, ck, uri):
+    resumed = PolicyTrainer(tiny_model, RESUME_CFG, seed=7)  # everything must come from the checkpoint, not the seed
+    meta = resumed.load_state(str(ck))
+    assert (meta["stage"], meta["step"], meta["global_step"], resumed.step) == ("s1", 2, 2, 4)
+    return resumed, resumed.update(uri)
+
+
+def test_resume_is_bit_identical(tiny_model, tmp_path):
+    """Stop after step k (the trainer object is gone, global RNGs scrambled), resume, run step k+1."""
+    uris = [batch(tmp_path / f"b{k}.parquet", REWARDS, seed=k) for k in range(3)]
+    ck = tmp_path / "ck" / "step-0002"
+    tr = PolicyTrainer(tiny_model, RESUME_CFG, seed=0)
+    for u in uris[:2]:
+        tr.update(u)
+    tr.save(str(ck), {"stage": "s1", "step": 2, "global_step": 2})
+    del tr
+    torch.manual_seed(12345), random.seed(12345), np.random.seed(12345)
+    resumed, m = _resume(tiny_model, ck, uris[2])
+    _assert_same_as_never_stopped(tiny_model, uris, ck, m, resumed)
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from rstar2 import config
@@ -212,33 +249,22 @@ KILLED_RUN = textwrap.dedent("""
     tr = PolicyTrainer(model, config.TrainerCfg.model_validate_json(os.environ["CFG"]), seed=0)
     for b in batches[:-1]:
         tr.update(b)
-    tr.save(ck, {"stage": "s1", "step": len(batches) - 1, "global_step": len(batches) - 1})
+    tr.save(ck, {"stage": "s1", "step": 2, "global_step": 2})
     os.kill(os.getpid(), signal.SIGKILL)  # killed before step k+1, nothing flushed or closed
 """)
 
 
+@pytest.mark.e2e  # a fresh process: ~10 s of imports
 def test_resume_after_kill_is_bit_identical(tiny_model, tmp_path):
-    cfg = config.TrainerCfg(lr=1e-3, warmup_steps=3, mini_batches=2, micro_batch_tokens=48)
     uris = [batch(tmp_path / f"b{k}.parquet", REWARDS, seed=k) for k in range(3)]
     ck = tmp_path / "ck" / "step-0002"
-    env = {**os.environ, "CFG": cfg.model_dump_json(), "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "CFG": RESUME_CFG.model_dump_json(), "PYTHONPATH": os.getcwd()}
     proc = subprocess.run([sys.executable, "-c", KILLED_RUN, tiny_model, str(ck), *uris], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert checkpoint.manifest(ck)["optimizer_step"] == 4  # 2 RL steps x 2 mini-batches
-
-    never_stopped = PolicyTrainer(tiny_model, cfg, seed=0)
-    for u in uris:
-        never_stopped.update(u)
-    resumed = PolicyTrainer(tiny_model, cfg, seed=7)  # everything must come from the checkpoint, not the seed
-    meta = resumed.load_state(str(ck))
-    assert (meta["stage"], meta["step"], meta["global_step"], resumed.step) == ("s1", 2, 2, 4)
-    m = resumed.update(uris[2])
-    for (k, p), q in zip(params(never_stopped).items(), params(resumed).values()):
-        assert torch.equal(p, q), k  # bit-identical weights
-    for s1, s2 in zip(never_stopped.backend.opt.state.values(), resumed.backend.opt.state.values()):
-        assert all(torch.equal(s1[k], s2[k]) for k in s1)
-    assert m["lr"] == never_stopped.backend.lr() and resumed.step == never_stopped.step == 6
+    resumed, m = _resume(tiny_model, ck, uris[2])
+    _assert_same_as_never_stopped(tiny_model, uris, ck, m, resumed)
 
 
 def test_checkpoint_is_loadable_and_refuses_partial(tiny_model, tmp_path):
