@@ -15,7 +15,7 @@ from tasks import rl
 
 @flow(name="rl-step", flow_run_name="{stage.name}-step-{step}")
 def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: dict, world: dict, run_dir: str,
-            mlflow_run_id: str, problems_uri: str) -> dict:
+            experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     d = Path(run_dir) / stage.name / f"step-{step:04d}"
     limits = cfg.rollout_for(stage)
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
@@ -27,12 +27,16 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
                          str(d / "kept.parquet"))
     batch = rl.batch_metrics(scored, kept)
     update = rl.grpo_update(actors, kept)
-    ckpt = rl.checkpoint(actors, update, str(Path(run_dir) / "checkpoints" / stage.name / f"step-{step + 1:04d}"),
-                         {"stage": stage.name, "step": step + 1, "global_step": global_step + 1})
+    meta = {"run": Path(run_dir).name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
+            "global_step": global_step + 1}
+    ckpt = rl.checkpoint(actors, update, batch, sandbox, str(Path(run_dir) / "checkpoints" / stage.name /
+                                                             f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id)
+    rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.seed + global_step)
     metrics = {**batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
+    tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         ev = rl.evaluate(actors, ckpt, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
                          str(d / "eval.parquet"))
+        rl.log_evaluation(ev, experiment_id, mlflow_run_id, ckpt, meta, global_step + 1, cfg.eval.split)
         metrics.update({f"eval_{k}": v for k, v in ev.items()})
-    tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
     return {"checkpoint": ckpt, **metrics}

@@ -2,6 +2,8 @@
 # One entry point for a fresh 2-core CPU machine with no hub access:
 #   bash infra/dev.sh campaign [args]   create .venv if needed, run the tiny campaign end to end
 #   bash infra/dev.sh test [pytest args] create .venv if needed, run the test suite
+#   bash infra/dev.sh ui-test            headless Chromium against the Prefect and MLflow UIs (installs Debian's chromium if missing)
+#   bash infra/dev.sh serve [args]       Prefect + MLflow servers on 127.0.0.1 and a worker for prefect.yaml's deployments
 #   bash infra/dev.sh env                create .venv only
 # Every tool's state is kept under .rstar2/ (never $HOME).
 set -euo pipefail
@@ -34,5 +36,14 @@ case "$cmd" in
   env) ensure_env ;;
   campaign) ensure_env; exec "$venv/bin/rstar2" campaign --preset tiny "$@" ;;
   test) ensure_env; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  *) echo "usage: bash infra/dev.sh {campaign|test|env} [args]" >&2; exit 2 ;;
+  ablation) ensure_env; exec "$venv/bin/rstar2" ablation --preset tiny "$@" ;;
+  serve) ensure_env; exec "$venv/bin/rstar2" serve "$@" ;;
+  ui-test)
+    ensure_env
+    if ! command -v chromium >/dev/null; then
+      echo "[rstar2] installing Debian's chromium (apt-get; needs root)" >&2
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+    exec "$venv/bin/python" -m pytest -q -m ui tests/ui "$@" ;;
+  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env} [args]" >&2; exit 2 ;;
 esac

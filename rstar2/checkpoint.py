@@ -62,8 +62,14 @@ def manifest(d: Path) -> dict:
     return json.loads((Path(d) / MARKER).read_text())
 
 
-def latest(root: Path, prefix: str = "step-") -> Path | None:
-    """The newest committed checkpoint under `root` (by step number in the name), or None."""
+def committed(root: Path, prefix: str = "step-") -> list[Path]:
+    """The committed checkpoints under `root`, in step order (by the number in the name)."""
     root = Path(root)
     found = [d for d in root.glob(f"{prefix}*") if d.is_dir() and is_committed(d)] if root.is_dir() else []
-    return max(found, key=lambda d: int(d.name[len(prefix):]), default=None)
+    return sorted(found, key=lambda d: int(d.name[len(prefix):]))
+
+
+def latest(root: Path, prefix: str = "step-") -> Path | None:
+    """The newest committed checkpoint under `root` (by step number in the name), or None."""
+    found = committed(root, prefix)
+    return found[-1] if found else None

@@ -39,8 +39,9 @@ def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
     return [f"{run_id}-engine-{i}" for i in range(num_engines)], f"{run_id}-trainer"
 
 
-def start(run_id: str, cfg: RunCfg, model_dir: str) -> tuple[list[str], str]:
-    """Create the engines and the trainer (if not already alive under these names); returns their names."""
+def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> tuple[list[str], str | None]:
+    """Create the engines and (unless evaluating only) the trainer, if not already alive under these names;
+    returns their names."""
     init()
     engine_names, trainer_name = actor_names(run_id, cfg.engine.num_engines)
     gpu = 1 if cfg.engine.gpu_memory_utilization else 0
@@ -54,12 +55,14 @@ def start(run_id: str, cfg: RunCfg, model_dir: str) -> tuple[list[str], str]:
         # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once
         _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(VLLMEngine).options(
             name=name, max_concurrency=1).remote(spec)
-    if not _alive(trainer_name):
+    if not with_trainer:
+        trainer_name = None
+    elif not _alive(trainer_name):
         # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
         cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, gpu)
         _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(
             name=trainer_name).remote(model_dir, cfg.trainer, cfg.seed, threads)
-    for name in engine_names + [trainer_name]:
+    for name in engine_names + ([trainer_name] if trainer_name else []):
         ray.get(get(name).__ray_ready__.remote())
     return engine_names, trainer_name
 

@@ -55,6 +55,7 @@ class RolloutCfg(_Cfg):
     temperature: float = 1.0
     top_p: float = 1.0
     tool_response_chars: int = 256
+    tool_enabled: bool = True  # false = the no-tool ablation (tool calls are refused)
 
 
 class SandboxCfg(_Cfg):
@@ -116,14 +117,30 @@ class EngineCfg(_Cfg):
     dtype: str = "bfloat16"
 
 
+class PlateauCfg(_Cfg):
+    """When a stage has plateaued (rstar2/transition.py): the last `window` steps gained < `min_delta` on `metric`."""
+    metric: str = "reward_mean"  # any per-step metric, e.g. eval_pass1 (with eval.every=1) or pass1_train
+    window: int = 4
+    min_delta: float = 0.01
+    min_steps: int = 8
+
+
 class StageCfg(_Cfg):
     name: str
-    steps: int
+    steps: int  # the stage's step budget (it may end earlier on a plateau)
     prompts_per_step: int
     max_response_tokens: int | None = None
     max_turns: int | None = None
-    data: Literal["train", "hard"] = "train"
+    data: Literal["train", "hard"] = "train"  # hard = mined from the previous stage's final policy
     reset_optimizer: bool = False
+    plateau: PlateauCfg | None = None  # None = always run the whole budget
+
+
+class MiningCfg(_Cfg):
+    """Hard-sample mining before a `data: hard` stage (paper §4.4: problems the policy does not solve k/k)."""
+    k: int = 8  # rollouts per training problem
+    max_problems: int | None = None  # mine a seeded subset of the training split (CPU budgets)
+    temperature: float = 1.0
 
 
 class EvalCfg(_Cfg):
@@ -150,6 +167,8 @@ class RunCfg(_Cfg):
     engine: EngineCfg = Field(default_factory=EngineCfg)
     stages: list[StageCfg] = Field(default_factory=list)
     eval: EvalCfg = Field(default_factory=EvalCfg)
+    mining: MiningCfg = Field(default_factory=MiningCfg)
+    ablation: str | None = None  # the ablation this run belongs to (an MLflow tag), e.g. "plain-grpo"
 
     def rollout_for(self, stage: StageCfg) -> RolloutCfg:
         return self.rollout.model_copy(update={k: v for k, v in (
@@ -183,12 +202,31 @@ def _set(tree: dict, dotted: str, value) -> None:
         raise ValueError(f"cannot set {dotted}: its parent is not a section")
 
 
+def _merge(base: dict, over: dict) -> dict:
+    return {**base, **{k: _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                       for k, v in over.items()}}
+
+
+def _read(path: Path, seen: tuple = ()) -> dict:
+    """A preset's tree; `base: other` starts from another preset and overrides it (sections merge, lists replace)."""
+    if path in seen:
+        raise ValueError(f"preset {path.name} inherits from itself via {' -> '.join(p.name for p in seen)}")
+    tree = yaml.safe_load(path.read_text()) or {}
+    base = tree.pop("base", None)
+    if base is None:
+        return tree
+    base_path = PRESETS / f"{base}.yaml"
+    if not base_path.is_file():
+        raise ValueError(f"preset {path.name} has base {base!r}, which is not a preset ({', '.join(list_presets())})")
+    return _merge(_read(base_path, seen + (path,)), tree)
+
+
 def load(preset: str, overrides: list[str] | None = None) -> RunCfg:
     """Load a preset by name (or a YAML path) and apply `key.path=value` overrides (values parsed as YAML)."""
     path = Path(preset) if preset.endswith((".yaml", ".yml")) else PRESETS / f"{preset}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown preset {preset!r}; available: {', '.join(list_presets())} (or a path to a .yaml)")
-    tree = yaml.safe_load(path.read_text()) or {}
+    tree = _read(path)
     for item in overrides or []:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like section.key=value")

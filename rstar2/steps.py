@@ -17,7 +17,7 @@ import polars as pl
 from rstar2 import roc, rollout
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
 from rstar2.reward import Verifier
-from rstar2.sandbox import LocalSandbox, SandboxLimits
+from rstar2.sandbox import ExecResult, LocalSandbox, SandboxLimits
 from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
@@ -38,6 +38,19 @@ def sandbox(cfg: SandboxCfg) -> LocalSandbox:
                                       max_output_chars=cfg.max_output_chars), workers=cfg.workers)
 
 
+class ToolDisabled:
+    """The no-tool ablation's environment: every tool call is refused, so the policy must answer on its own."""
+
+    def run_batch(self, reqs) -> list[ExecResult]:
+        return [ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0) for _ in reqs]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
     """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
     run sees exactly the data the uninterrupted one would have."""
@@ -54,7 +67,7 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
                        sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
-    with sandbox(sandbox_cfg) as sb:
+    with sandbox(sandbox_cfg) if limits.tool_enabled else ToolDisabled() as sb:
         trajs = rollout.run(generate, sb, tok, problems, n_samples,
                             rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
                                                   limits.tool_response_chars, max_model_len), on_turn=on_turn)

@@ -16,11 +16,21 @@ from mlflow.entities import Metric, Param
 _client: mlflow.MlflowClient | None = None
 
 
+def store_uri(out_dir: str) -> str:
+    """MLFLOW_TRACKING_URI, else one SQLite store for every run under `out_dir`, so the UI compares them all."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
+
+
 def setup(experiment: str, out_dir: str) -> str:
     """Point MLflow at the store and make sure the experiment exists; returns the experiment id."""
     global _client
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
+    uri = store_uri(out_dir)
+    user_uri = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI; left there, the next campaign in this process (or a child
+    # process) would log to this run's store instead of its own out_dir
+    if user_uri is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     _client = mlflow.MlflowClient(uri)
     exp = _client.get_experiment_by_name(experiment)
     if exp is not None:
@@ -38,6 +48,67 @@ def client() -> mlflow.MlflowClient:
 def create_run(experiment_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
     tags = {**(tags or {}), **({"mlflow.parentRunId": parent_id} if parent_id else {})}
     return client().create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+
+def find_or_create_run(experiment_id: str, name: str, key: str, parent_id: str | None = None,
+                       tags: dict | None = None) -> str:
+    """The run tagged `rstar2.key=key` (a retried flow keeps logging into it, so no step shows up twice), or a new
+    one. `key` names what the run tracks, e.g. the run directory, or the run directory plus a stage."""
+    found = client().search_runs([experiment_id], f"tags.`rstar2.key` = '{key}'", max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+        client().update_run(run_id, status="RUNNING")
+        return run_id
+    return create_run(experiment_id, name, parent_id, {**(tags or {}), "rstar2.key": key})
+
+
+def ui_url(experiment_id: str, run_id: str) -> str:
+    """Where the run is in the MLflow UI (the server `rstar2 serve` starts, unless MLFLOW_TRACKING_URI is a server)."""
+    uri = client().tracking_uri
+    base = uri.rstrip("/") if uri.startswith("http") else os.environ.get("RSTAR2_MLFLOW_UI", "http://127.0.0.1:5000")
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def checkpoint_model(experiment_id: str, run_id: str, ckpt_dir: str, meta: dict) -> str:
+    """One LoggedModel per committed checkpoint (found again by its path), its lineage as params; returns its id."""
+    path = str(Path(ckpt_dir).resolve())
+    found = client().search_logged_models([experiment_id], f"tags.`rstar2.checkpoint` = '{path}'", max_results=1)
+    if found:
+        return found[0].model_id
+    name = "-".join(str(meta.get(k)) for k in ("stage", "step") if meta.get(k) is not None) or Path(path).name
+    model = client().create_logged_model(experiment_id, name=name.replace("/", "-"), source_run_id=run_id,
+                                         tags={"rstar2.checkpoint": path}, params=flatten(meta))
+    client().finalize_logged_model(model.model_id, "READY")
+    return model.model_id
+
+
+def log_model_metrics(run_id: str, model_id: str, metrics: dict, step: int) -> None:
+    """Metrics attached both to the run and to the checkpoint's LoggedModel (what the Models tab compares)."""
+    import time
+
+    ts = int(time.time() * 1000)
+    items = [Metric(k, float(v), ts, step, model_id=model_id, run_id=run_id)
+             for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if items:
+        client().log_batch(run_id, metrics=items)
+
+
+def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -> None:
+    """Record a Parquet table (e.g. a mined hard set) as a run input, with its lineage as a JSON artifact."""
+    import mlflow.data
+    import polars as pl
+
+    ds = mlflow.data.from_pandas(pl.read_parquet(uri).to_pandas(), source=uri, name=name)
+    client().log_inputs(run_id, [mlflow.entities.DatasetInput(ds._to_mlflow_entity(),
+                                                              [mlflow.entities.InputTag("mlflow.data.context", context)])])
+    client().log_dict(run_id, lineage, f"datasets/{name}.json")
+
+
+def stage_histories(experiment_id: str, campaign_run_id: str, metrics: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """Per-step curves of a campaign: each metric's (global step, value) over all its stage child runs."""
+    stages = client().search_runs([experiment_id], f"tags.mlflow.parentRunId = '{campaign_run_id}'")
+    return {m: sorted((h.step, h.value) for r in stages for h in client().get_metric_history(r.info.run_id, m))
+            for m in metrics}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:

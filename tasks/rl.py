@@ -1,10 +1,16 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate."""
 
+import json
+from pathlib import Path
+
 import ray
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
 
-from rstar2 import cluster, steps
-from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg
+from rstar2 import cluster, mining, report, steps, tracking
+from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg
+from rstar2.progress import bar
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -19,9 +25,20 @@ def _retry_transient(task, task_run, state) -> bool:
 
 
 @task(name="start-actors", cache_policy=None)
-def start_actors(run_id: str, cfg: RunCfg, model_dir: str) -> dict:
-    engines, trainer = cluster.start(run_id, cfg, model_dir)
+def start_actors(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> dict:
+    engines, trainer = cluster.start(run_id, cfg, model_dir, with_trainer)
     return {"engines": engines, "trainer": trainer}
+
+
+@task(name="restore-trainer", cache_policy=None)
+def restore_trainer(actors: dict, ckpt_dir: str) -> str:
+    """A retried run: the trainer (started from the checkpoint's weights) takes back its optimizer/LR/RNG state."""
+    ray.get(cluster.get(actors["trainer"]).load_state.remote(ckpt_dir))
+    return ckpt_dir
+
+
+def stop_actors(actors: dict) -> None:
+    cluster.stop(actors.get("engines", []) + ([actors["trainer"]] if actors.get("trainer") else []))
 
 
 @task(name="rollout", cache_policy=None, retries=2, retry_condition_fn=_retry_transient)
@@ -29,7 +46,9 @@ def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prom
             limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str) -> str:
     gen = cluster.engine_generate(actors["engines"], limits.temperature, limits.top_p)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
-    steps.rollout_to_parquet(gen, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri, max_model_len)
+    with bar(f"rollout step {step + 1}") as progress:
+        steps.rollout_to_parquet(gen, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri, max_model_len,
+                                 on_turn=lambda turn, live: progress(turn, limits.max_turns))
     return out_uri
 
 
@@ -60,27 +79,83 @@ def grpo_update(actors: dict, roc: dict) -> dict:
 
 
 @task(name="checkpoint", cache_policy=None)
-def checkpoint(actors: dict, update: dict, ckpt_dir: str, meta: dict) -> str:
-    """Commit the trainer state atomically, then load the new weights into every engine in place."""
+def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir: str, meta: dict,
+               experiment_id: str, mlflow_run_id: str) -> str:
+    """Commit the trainer state atomically (the step's metrics sealed in its manifest), load the new weights into
+    every engine in place, record the checkpoint as an MLflow LoggedModel and announce it (evaluation deployments
+    trigger on the event)."""
+    meta = {**meta, "metrics": {**batch, **sandbox, **update}}
     path = ray.get(cluster.get(actors["trainer"]).save.remote(ckpt_dir, meta))
     ray.get([cluster.get(e).load_weights.remote(path) for e in actors["engines"]])
+    model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, path, {k: v for k, v in meta.items()
+                                                                              if k != "metrics"})
+    emit_event("rstar2.checkpoint.committed",
+               resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}.{Path(path).parent.name}."
+                                                f"{Path(path).name}", "rstar2.path": path,
+                         "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", ""))},
+               payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
     return path
 
 
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
 def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
              sandbox_cfg: SandboxCfg, out_uri: str) -> dict:
+    """pass@1 of `model_dir` (already loaded in the engines). Its result is written next to the samples and reused
+    by a retried run, so a finished evaluation is never redone."""
+    done = Path(out_uri).with_suffix(".json")
+    if done.is_file() and json.loads(done.read_text()).get("model_dir") == model_dir:
+        return json.loads(done.read_text())["result"]
     gen = cluster.engine_generate(actors["engines"], eval_cfg.temperature, 1.0)
-    return steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri)
+    with bar("evaluate") as progress:
+        res = steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri,
+                             on_turn=lambda turn, live: progress(turn, eval_cfg.max_turns))
+    tmp = done.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"model_dir": model_dir, "result": res}))
+    tmp.rename(done)
+    return res
 
 
-@task(name="resume", cache_policy=None)
-def resume(actors: dict, ckpt_dir: str) -> dict:
-    """Restart from a committed checkpoint: the trainer's full state (weights, optimizer, LR schedule, RNGs, step),
-    then the same weights into every engine. Returns the checkpoint's meta (stage, step, global_step)."""
-    meta = ray.get(cluster.get(actors["trainer"]).load_state.remote(ckpt_dir))
-    ray.get([cluster.get(e).load_weights.remote(ckpt_dir) for e in actors["engines"]])
-    return meta
+@task(name="log-evaluation", cache_policy=None)
+def log_evaluation(result: dict, experiment_id: str, mlflow_run_id: str, model_dir: str, meta: dict, step: int,
+                   split: str) -> str:
+    """Attach an evaluation to the checkpoint's LoggedModel (and the run) in MLflow; a val split is prefixed so it
+    never mixes with held-out test figures."""
+    model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, model_dir, meta)
+    prefix = "eval_" if split == "test" else f"eval_{split}_"
+    tracking.log_model_metrics(mlflow_run_id, model_id, {f"{prefix}{k}": v for k, v in result.items()}, step)
+    return model_id
+
+
+@task(name="trajectory-samples", cache_policy=None)
+def trajectory_samples(scored_uri: str, key: str, seed: int) -> str:
+    """A markdown artifact with a few of the step's trajectories: tool calls, tool output, answer, reward."""
+    return str(create_markdown_artifact(report.trajectory_markdown(scored_uri, 3, seed), key=key,
+                                        description="sampled trajectories of the step"))
+
+
+@task(name="mine-hard", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
+def mine_hard(actors: dict, checkpoint_dir: str, train_uri: str, cfg: MiningCfg, limits: RolloutCfg,
+              sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int) -> dict:
+    """Sample k rollouts per training problem with `checkpoint_dir` (loaded in the engines); commit the hard set."""
+    from rstar2 import checkpoint as ckpt
+
+    if not ckpt.is_committed(Path(out_dir)):  # a retried run reuses a committed hard set
+        ray.get([cluster.get(e).load_weights.remote(checkpoint_dir) for e in actors["engines"]])
+        gen = cluster.engine_generate(actors["engines"], cfg.temperature, 1.0)
+
+        def write(tmp: Path) -> None:
+            with bar("mine hard problems") as progress:
+                mining.mine(gen, checkpoint_dir, train_uri, cfg, limits, sandbox_cfg, max_model_len, str(tmp), seed,
+                            on_turn=lambda turn, live: progress(turn, limits.max_turns))
+
+        ckpt.commit(Path(out_dir), write, {"kind": "hard-set", "checkpoint": checkpoint_dir})
+    return mining.read_lineage(out_dir)
+
+
+@task(name="load-weights", cache_policy=None)
+def load_weights(actors: dict, model_dir: str) -> str:
+    ray.get([cluster.get(e).load_weights.remote(model_dir) for e in actors["engines"]])
+    return model_dir
 
 
 @task(name="reset-optimizer", cache_policy=None)

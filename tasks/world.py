@@ -11,7 +11,13 @@ from rstar2.world import build
 
 @task(name="build-world", cache_policy=None, retries=0)
 def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
-    return build.build(cfg, Path(out_dir))
+    """Make the world once per run directory (committed atomically); a retried or later flow reuses it."""
+    from rstar2 import checkpoint
+
+    out = Path(out_dir)
+    if not checkpoint.is_committed(out):
+        checkpoint.commit(out, lambda tmp: build.build(cfg, tmp), {"kind": "world", "seed": cfg.seed})
+    return build.uris(cfg, out)
 
 
 @task(name="sft", cache_policy=None)

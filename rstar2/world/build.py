@@ -10,34 +10,39 @@ from rstar2.config import RunCfg
 from rstar2.world import model, problems, sft_data, tokenizer
 
 
+def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
+    """Where a world built under `out` keeps its parts: problem splits, SFT transcripts, init model (+ tokenizer)."""
+    w = cfg.world
+    found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test", "sft_data")}
+    found["init_model"] = w.base_model or str(out / "init_model")
+    if w.base_model and not w.val_data:
+        del found["val"]  # optional with real assets; asking to evaluate on it then fails clearly
+    return found
+
+
 def build(cfg: RunCfg, out: Path) -> dict[str, str]:
-    """Returns URIs: train/test/sft problem Parquets, sft transcripts Parquet, init model dir (with tokenizer)."""
+    """Make the world under `out`; returns its URIs (see `uris`)."""
     w = cfg.world
     out.mkdir(parents=True, exist_ok=True)
-    uris = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test", "sft_data")}
-    uris["init_model"] = str(out / "init_model")
+    paths = uris(cfg, out)
     if w.base_model:  # real assets: nothing to generate but the data checks
         for split, src in (("train", w.train_data), ("val", w.val_data), ("test", w.test_data)):
             if not src and split == "val":
-                del uris["val"]  # optional with real assets; asking to evaluate on it then fails clearly
                 continue
             if not src:
                 raise ValueError(f"world.base_model is set, so world.{split}_data must name a Parquet file")
-            problems.validate(pl.read_parquet(src)).write_parquet(uris[split])
-        uris["init_model"] = w.base_model
-        return uris
+            problems.validate(pl.read_parquet(src)).write_parquet(paths[split])
+        return paths
     splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
-    splits["sft"].write_parquet(uris["sft_problems"])
-    splits["train"].write_parquet(uris["train"])
-    splits["val"].write_parquet(uris["val"])
-    splits["test"].write_parquet(uris["test"])
+    for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
+        splits[split].write_parquet(paths[key])
     sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac,
                          cfg.sft.mix_by_kind)
-    sft.write_parquet(uris["sft_data"])
+    sft.write_parquet(paths["sft_data"])
     corpus = ["".join(t) for t in sft["texts"].to_list()]
     tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
-    model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed, Path(uris["init_model"]))
-    return uris
+    model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed, Path(paths["init_model"]))
+    return paths
 
 
 def eval_split(uris: dict[str, str], split: str) -> str:

@@ -19,3 +19,19 @@ def test_bad_input_gives_one_clear_error():
         config.load("tiny", ["rollout.group_size"])
     with pytest.raises(Exception, match="group_sise"):
         config.load("tiny", ["rollout.group_sise=3"])  # typos are errors, not silent defaults
+
+
+def test_a_preset_can_start_from_another():
+    tiny, staged = config.load("tiny"), config.load("tiny-stages")
+    assert staged.name == "tiny-stages" and staged.experiment == tiny.experiment  # one experiment per family
+    assert staged.world == tiny.world and staged.sft == tiny.sft and staged.trainer == tiny.trainer  # inherited
+    assert [s.name for s in staged.stages] == ["stage1-short", "stage2-long", "stage3-hard"]  # lists replace
+    assert staged.stages[0].plateau.window == 3 and staged.stages[2].data == "hard" and staged.stages[2].reset_optimizer
+    assert staged.rollout.group_size == tiny.rollout.group_size  # a section merges key by key
+
+
+def test_a_preset_with_an_unknown_base_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: nope\nname: x\n")
+    with pytest.raises(ValueError, match="has base 'nope', which is not a preset"):
+        config.load(str(bad))

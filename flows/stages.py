@@ -1,0 +1,62 @@
+"""Entry flows for one piece of a campaign, so each can be triggered and retried on its own from the Prefect UI:
+`sft` (world + SFT) and `run-stage` (one RL stage of a run, after the stages before it). The campaign composes the same
+subflows; all of them resume from the run directory's committed state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from pydantic import BaseModel
+
+from rstar2 import checkpoint, config, runstate, tracking
+from flows.stage_transition import stage_transition
+from flows.train_stage import train_stage
+from tasks import rl
+from tasks.world import build_world, run_sft
+
+
+class RunParams(BaseModel):
+    """The run form: a preset, overrides, and the run directory name (default: the preset's name)."""
+    preset: str = "tiny"
+    overrides: list[str] = []
+    run_name: str | None = None
+
+
+class StageParams(RunParams):
+    stage: str = "stage1"
+
+
+@flow(name="sft", flow_run_name="{params.preset}")
+def sft(params: RunParams = RunParams()) -> str:
+    cfg = config.load(params.preset, params.overrides)
+    run = runstate.run_dir(cfg, params.run_name)
+    world = build_world(cfg, str(run / "world"))
+    return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
+
+
+@flow(name="run-stage", flow_run_name="{params.stage}")
+def run_stage(params: StageParams = StageParams()) -> dict:
+    cfg = config.load(params.preset, params.overrides)
+    names = [s.name for s in cfg.stages]
+    if params.stage not in names:
+        raise ValueError(f"preset {params.preset!r} has no stage {params.stage!r}; its stages: {names}")
+    index = names.index(params.stage)
+    run = runstate.run_dir(cfg, params.run_name)
+    unfinished = [s.name for s in cfg.stages[:index] if runstate.finished(run, s) is None]
+    if unfinished:
+        raise ValueError(f"stage {params.stage!r} starts after {unfinished}, which have not finished in {run}")
+    world = build_world(cfg, str(run / "world"))
+    sft_model = str(run / "sft") if checkpoint.is_committed(run / "sft") else world["init_model"]
+    exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
+    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": params.preset})
+    resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
+    actors = rl.start_actors(run.name, cfg, resume)
+    try:
+        if is_rl:
+            rl.restore_trainer(actors, resume)
+        start = stage_transition(cfg, params.stage, actors, world, str(run), exp_id, run_id, sft_model)
+        return train_stage(cfg, cfg.stages[index], actors, world, str(run), exp_id, run_id, start["global_step0"],
+                           start["problems_uri"])
+    finally:
+        rl.stop_actors(actors)

@@ -1,0 +1,57 @@
+"""Where a run stands, read from its run directory alone: which stages are finished, which checkpoint a stage starts
+from, where a retried run resumes. Everything here is derived from committed files (checkpoints, stage markers), so a
+run killed at any point and retried continues from its last commit with the same data order: no step lost, none
+done twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rstar2 import checkpoint
+from rstar2.config import RunCfg, StageCfg
+
+
+def run_dir(cfg: RunCfg, run_name: str | None) -> Path:
+    return Path(cfg.out_dir).resolve() / (run_name or cfg.name)
+
+
+def stage_ckpts(run: Path, stage: StageCfg) -> Path:
+    return run / "checkpoints" / stage.name
+
+
+def stage_marker(run: Path, stage: StageCfg) -> Path:
+    return run / "stages" / stage.name
+
+
+def finished(run: Path, stage: StageCfg) -> dict | None:
+    """The stage's end record (decision, evidence, final checkpoint), or None while it is not finished."""
+    d = stage_marker(run, stage)
+    return checkpoint.manifest(d) if checkpoint.is_committed(d) else None
+
+
+def mark_finished(run: Path, stage: StageCfg, record: dict) -> dict:
+    """Commit the stage's end record atomically (the stage counts as finished only once this exists)."""
+    d = stage_marker(run, stage)
+    checkpoint.commit(d, lambda tmp: (tmp / "decision.json").write_text(json.dumps(record, indent=1)), record)
+    return record
+
+
+def stage_start(run: Path, cfg: RunCfg, index: int, sft_model: str) -> tuple[str, int]:
+    """(model dir, global step) a stage starts from: the previous stage's final checkpoint, or the SFT model."""
+    for prev in reversed(cfg.stages[:index]):
+        last = checkpoint.latest(stage_ckpts(run, prev))
+        if last:
+            return str(last), checkpoint.manifest(last)["global_step"]
+    return sft_model, 0
+
+
+def resume_point(run: Path, cfg: RunCfg, sft_model: str, upto: int | None = None) -> tuple[str, bool]:
+    """The newest committed RL checkpoint of stages[:upto+1] (model dir, True) or the SFT model (dir, False):
+    the trainer and the engines start from it."""
+    stages = cfg.stages if upto is None else cfg.stages[: upto + 1]
+    for stage in reversed(stages):
+        last = checkpoint.latest(stage_ckpts(run, stage))
+        if last:
+            return str(last), True
+    return sft_model, False

@@ -1,0 +1,71 @@
+"""Retry semantics: a campaign killed with SIGKILL in the middle of an RL step, then retried (what the Prefect UI's
+Retry does: the same flow with the same parameters), resumes from the last committed checkpoint with the trainer's
+state and the same data order — no step lost, none done twice."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import polars as pl
+import pytest
+
+from rstar2 import checkpoint, steps
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=1",
+         "stages.0.steps=3", "stages.0.prompts_per_step=3", "rollout.group_size=4", "rollout.max_response_tokens=160",
+         "eval.max_response_tokens=160", "world.max_positions=512",
+         "roc.drop_all_equal=false"]  # every step updates, so the optimizer step count shows whether state came back
+
+
+def _campaign(out: Path, log: Path) -> subprocess.Popen:
+    sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
+    return subprocess.Popen([sys.executable, "-m", "rstar2.cli", "campaign", "--preset", "tiny", "--run-name", "kr",
+                             *sets], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"campaign exited ({proc.returncode}) before {path}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.5)
+
+
+def test_a_killed_campaign_resumes_from_its_last_checkpoint_when_retried(tmp_path):
+    out, log = tmp_path / "runs", tmp_path / "campaign.log"
+    run = out / "kr"
+    proc = _campaign(out, log)
+    # SIGKILL in the middle of step 2: step 1 is committed, step 2's rollouts are written, its update is not
+    _wait_for(run / "stage1" / "step-0001" / "rollouts.parquet", proc, log)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = checkpoint.manifest(run / "checkpoints" / "stage1" / "step-0001")
+    assert checkpoint.latest(run / "checkpoints" / "stage1").name == "step-0001"
+
+    retry = _campaign(out, log)
+    assert retry.wait(timeout=900) == 0, log.read_text()[-3000:]
+
+    ckpts = checkpoint.committed(run / "checkpoints" / "stage1")
+    assert [c.name for c in ckpts] == ["step-0001", "step-0002", "step-0003"]
+    assert checkpoint.manifest(ckpts[0])["committed_at"] == first["committed_at"]  # step 1 was not done again
+    # the trainer's state came back: its optimizer step counts on from the checkpoint instead of restarting at 0
+    assert [checkpoint.manifest(c)["optimizer_step"] for c in ckpts] == [1, 2, 3]
+    train = str(run / "world" / "train.parquet")
+    for step in range(3):  # the data order is the uninterrupted run's
+        want = [p["problem_id"] for p in steps.select_prompts(train, step, 3, seed=0)]
+        got = pl.read_parquet(run / "stage1" / f"step-{step:04d}" / "rollouts.parquet")["problem_id"]
+        assert got.unique(maintain_order=True).to_list() == want
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    stage = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+                               f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
+    assert len(stage) == 1  # the retry logged into the same stage run
+    assert [m.step for m in client.get_metric_history(stage[0].info.run_id, "reward_mean")] == [1, 2, 3]

@@ -1,0 +1,79 @@
+"""Headless Chromium against the local Prefect UI: the deployments of prefect.yaml are listed, and a finished
+campaign's RL-step flow run opens with its DAG; screenshots land in $RSTAR2_UI_SHOTS (default .rstar2/ui-shots).
+
+Needs Debian's `chromium`; run it with `bash infra/dev.sh ui-test` (installs chromium if missing). It starts its own
+Prefect server on a free port, registers the deployments, runs a 1-step tiny campaign against it, then looks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rstar2 import services
+
+pytestmark = pytest.mark.ui
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=1",
+         "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=128",
+         "eval.max_response_tokens=128", "world.max_positions=512"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, free_port):
+    port = free_port()
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "RSTAR2_ROOT": str(ROOT)}
+    proc = subprocess.Popen([services._bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=(home / "server.log").open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        services.wait_http(f"http://127.0.0.1:{port}/api/health", 180)
+        services.register_deployments(env)
+        out = tmp_path_factory.mktemp("runs")
+        sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
+        subprocess.run([sys.executable, "-m", "rstar2.cli", "campaign", "--preset", "tiny", "--run-name", "ui", *sets],
+                       env=env, cwd=ROOT, check=True, timeout=1200)
+        yield f"http://127.0.0.1:{port}", env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_ui_lists_the_deployments(server, chromium, shots):
+    """Every deployment of prefect.yaml is on the deployments page or, past its first page, on its own page."""
+    import yaml
+    from prefect.client.orchestration import SyncPrefectClient
+
+    url, _ = server
+    want = {d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    with SyncPrefectClient(f"{url}/api") as client:
+        registered = {d.name: d.id for d in client.read_deployments()}
+    assert want <= set(registered)
+    dom = chromium(f"{url}/deployments", "--dump-dom")
+    listed = {n for n in want if n in dom}
+    assert len(listed) >= 5, listed  # the page rendered (it shows the first 10 rows)
+    for name in want - listed:
+        assert name in chromium(f"{url}/deployments/deployment/{registered[name]}", "--dump-dom"), name
+    chromium(f"{url}/deployments", f"--screenshot={shots / 'deployments.png'}")
+    assert (shots / "deployments.png").stat().st_size > 10_000
+
+
+def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server, chromium, shots):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    url, _ = server
+    with SyncPrefectClient(f"{url}/api") as client:
+        campaign = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["tiny"])))
+        step = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-step-0"])))
+    assert campaign and campaign[0].state.is_completed() and step
+    dom = chromium(f"{url}/runs/flow-run/{campaign[0].id}", "--dump-dom")
+    assert "Completed" in dom and "tiny" in dom
+    dom = chromium(f"{url}/runs/flow-run/{step[0].id}", "--dump-dom")
+    assert "stage1-step-0" in dom
+    chromium(f"{url}/runs/flow-run/{step[0].id}", f"--screenshot={shots / 'rl-step-dag.png'}")
+    chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={shots / 'campaign.png'}")
+    assert (shots / "rl-step-dag.png").stat().st_size > 10_000

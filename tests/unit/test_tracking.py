@@ -1,0 +1,21 @@
+"""The MLflow store follows each campaign's out_dir unless the user set MLFLOW_TRACKING_URI."""
+
+import os
+
+from rstar2 import tracking
+
+
+def test_each_out_dir_gets_its_own_store_in_one_process(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracking.setup("a", str(tmp_path / "one"))
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # mlflow.set_tracking_uri exports it; setup must not leak it
+    tracking.setup("b", str(tmp_path / "two"))
+    assert tracking.client().tracking_uri == f"sqlite:///{(tmp_path / 'two' / 'mlflow.db').resolve()}"
+    assert (tmp_path / "one" / "mlflow.db").exists() and (tmp_path / "two" / "mlflow.db").exists()
+
+
+def test_a_user_store_wins_over_out_dir(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'shared.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracking.setup("a", str(tmp_path / "one"))
+    assert tracking.client().tracking_uri == uri and os.environ["MLFLOW_TRACKING_URI"] == uri
