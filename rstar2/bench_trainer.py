@@ -130,7 +130,7 @@ def worker_trl(spec: dict) -> list[dict]:
         return recorded_reward
 
     n, g = df.height, spec["group_size"]
-    mb = max(d for d in range(1, min(spec["trl_micro_batch"], n) + 1) if n % d == 0 and d % 1 == 0)
+    mb = max(d for d in range(1, min(spec["trl_micro_batch"], n) + 1) if n % d == 0)
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32, attn_implementation="sdpa")
     tok = PreTrainedTokenizerFast.from_pretrained(spec["model"])
     args = GRPOConfig(
