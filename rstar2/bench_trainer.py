@@ -161,13 +161,13 @@ def worker_trl(spec: dict) -> list[dict]:
             gen_s[0] = 0.0
             self.base, self.t0, self.c0 = _rss_reset(), time.perf_counter(), time.process_time()
 
-        def on_step_end(self, *a, **kw):
+        def on_step_end(self, args, state, control, **kw):
             wall = time.perf_counter() - self.t0
             steps.append({"update_s": wall - gen_s[0], "loss_tokens": loss_tokens, "fed_tokens": fed,
                           "peak_mb": _peak(), "base_mb": self.base, "generate_s": gen_s[0],
                           "cpu_util": (time.process_time() - self.c0) / wall})
             if _enough(steps, spec):
-                kw["control"].should_training_stop = True
+                control.should_training_stop = True
 
     trainer.add_callback(Clock())
     trainer.train()
