@@ -7,6 +7,8 @@ export RSTAR2_HOME="$_state"
 export PREFECT_HOME="${PREFECT_HOME:-$_state/prefect}"
 export PREFECT_MEMO_STORE_PATH="${PREFECT_MEMO_STORE_PATH:-$_state/prefect/memo_store.toml}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# the ephemeral API server's default 20 s start timeout fails on a loaded 2-core machine
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="${PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS:-180}"
 export PREFECT_LOGGING_LEVEL="${PREFECT_LOGGING_LEVEL:-WARNING}"
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0

@@ -16,6 +16,8 @@ def apply(home: str | None = None) -> Path:
         "PREFECT_HOME": str(root / "prefect"),
         "PREFECT_MEMO_STORE_PATH": str(root / "prefect" / "memo_store.toml"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the ephemeral API server's default 20 s start timeout fails on a loaded 2-core machine
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
         "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",

@@ -14,6 +14,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 
 _client: mlflow.MlflowClient | None = None
+EXPERIMENT_KIND = "mlflow.experimentKind"
 
 
 def store_uri(out_dir: str) -> str:
@@ -35,8 +36,10 @@ def setup(experiment: str, out_dir: str) -> str:
     exp = _client.get_experiment_by_name(experiment)
     if exp is not None:
         return exp.experiment_id
-    # with SQLite, artifacts would otherwise land in ./mlruns of whatever directory we run from
-    return _client.create_experiment(experiment, artifact_location=(Path(out_dir) / "mlartifacts").resolve().as_uri())
+    # with SQLite, artifacts would otherwise land in ./mlruns of whatever directory we run from; the kind tag makes
+    # the MLflow 3 UI open on the runs table (model training) instead of its GenAI traces overview
+    return _client.create_experiment(experiment, artifact_location=(Path(out_dir) / "mlartifacts").resolve().as_uri(),
+                                     tags={EXPERIMENT_KIND: "custom_model_development"})
 
 
 def client() -> mlflow.MlflowClient:
@@ -66,7 +69,7 @@ def ui_url(experiment_id: str, run_id: str) -> str:
     """Where the run is in the MLflow UI (the server `rstar2 serve` starts, unless MLFLOW_TRACKING_URI is a server)."""
     uri = client().tracking_uri
     base = uri.rstrip("/") if uri.startswith("http") else os.environ.get("RSTAR2_MLFLOW_UI", "http://127.0.0.1:5000")
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def checkpoint_model(experiment_id: str, run_id: str, ckpt_dir: str, meta: dict) -> str:

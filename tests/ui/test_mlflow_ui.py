@@ -21,8 +21,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
          "eval.max_response_tokens=128", "world.max_positions=512"]
 
 
-def _api(url: str, path: str, **query) -> dict:
-    with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}", timeout=30) as r:
+def _api(url: str, endpoint: str, **query) -> dict:
+    with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}", timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -43,43 +43,51 @@ def mlflow_ui(tmp_path_factory, free_port):
         proc.wait(timeout=30)
 
 
-def _runs(url: str, exp: str) -> dict[str, dict]:
+def _runs(url: str, exp: str) -> list[dict]:
     req = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", method="POST",
                                  data=json.dumps({"experiment_ids": [exp], "max_results": 100}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
-        return {run["info"]["run_name"]: run for run in json.loads(r.read())["runs"]}
+        return json.loads(r.read())["runs"]
+
+
+def _by_name(runs: list[dict]) -> dict[str, dict]:
+    return {run["info"]["run_name"]: run for run in runs}
 
 
 def test_the_experiment_page_lists_the_variants_and_the_report(mlflow_ui, chromium, shots):
     url, exp = mlflow_ui
-    runs = _runs(url, exp)
+    runs = _by_name(_runs(url, exp))
     assert {"abl-roc", "abl-plain-grpo", "abl"} <= set(runs)
     tags = {t["key"]: t["value"] for t in runs["abl-plain-grpo"]["data"]["tags"]}
     assert tags.get("ablation") == "plain-grpo"
+    kind = _api(url, "experiments/get", experiment_id=exp)["experiment"]["tags"]
+    assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in kind
     with urllib.request.urlopen(url, timeout=30) as r:
         assert r.status == 200 and b"<html" in r.read().lower()
-    dom = chromium(f"{url}/#/experiments/{exp}", "--dump-dom")
+    page = f"{url}/#/experiments/{exp}/runs?workflowType=machine_learning"  # the runs table, not the GenAI overview
+    dom = chromium(page, "--dump-dom")
     assert "abl-roc" in dom and "abl-plain-grpo" in dom
-    chromium(f"{url}/#/experiments/{exp}", f"--screenshot={shots / 'mlflow-experiment.png'}")
+    chromium(page, f"--screenshot={shots / 'mlflow-experiment.png'}")
     assert (shots / "mlflow-experiment.png").stat().st_size > 10_000
 
 
 def test_the_report_plots_are_served_and_the_stage_runs_compare(mlflow_ui, chromium, shots):
     url, exp = mlflow_ui
     runs = _runs(url, exp)
-    report = runs["abl"]["info"]["run_id"]
+    report = _by_name(runs)["abl"]["info"]["run_id"]
     plots = [f["path"] for f in _api(url, "artifacts/list", run_id=report, path="plots").get("files", [])]
     assert plots and all(p.endswith(".png") for p in plots)
     for p in plots:
         with urllib.request.urlopen(f"{url}/get-artifact?{urllib.parse.urlencode({'path': p, 'run_uuid': report})}",
                                     timeout=30) as r:
             assert r.read(8) == b"\x89PNG\r\n\x1a\n", p
-    chromium(f"{url}/#/experiments/{exp}/runs/{report}/artifacts/{plots[0]}",
+    chromium(f"{url}/#/experiments/{exp}/runs/{report}/artifacts/{plots[0]}?workflowType=machine_learning",
              f"--screenshot={shots / 'mlflow-ablation-plot.png'}")
-    stages = [r["info"]["run_id"] for name, r in runs.items() if name.startswith("stage-")]
+    stages = [r["info"]["run_id"] for r in runs if r["info"]["run_name"].startswith("stage-")]
     assert len(stages) >= 2  # one stage run per variant
-    compare = f"{url}/#/compare-runs?runs={json.dumps(stages)}&experiments={json.dumps([exp])}"
+    compare = (f"{url}/#/compare-runs?runs={json.dumps(stages)}&experiments={json.dumps([exp])}"
+               "&workflowType=machine_learning")
     dom = chromium(compare, "--dump-dom")
     assert "reward_mean" in dom
     chromium(compare, f"--screenshot={shots / 'mlflow-compare.png'}")
