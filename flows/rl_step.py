@@ -20,8 +20,8 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
     limits = cfg.rollout_for(stage)
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
     rolled = rl.rollout(actors, world["init_model"], problems_uri, step, stage.prompts_per_step, samples, limits,
-                        cfg.sandbox, cfg.seed, cfg.world.max_positions, str(d / "rollouts.parquet"))
-    scored = rl.score(rolled, cfg.sandbox, str(d / "scored.parquet"))
+                        cfg.sandbox, cfg.seed, cfg.world.max_positions, str(d / "rollouts.parquet"), cfg.scheduler)
+    scored = rl.score(rolled["uri"], cfg.sandbox, str(d / "scored.parquet"))
     sandbox = rl.sandbox_stats(scored)
     kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.seed * 100_003 + global_step,
                          str(d / "kept.parquet"))
@@ -32,7 +32,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
     ckpt = rl.checkpoint(actors, update, batch, sandbox, str(Path(run_dir) / "checkpoints" / stage.name /
                                                              f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.seed + global_step)
-    metrics = {**batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
+    metrics = {**{k: v for k, v in rolled.items() if k != "uri"}, **batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
     tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         ev = rl.evaluate(actors, ckpt, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions, cfg.sandbox,

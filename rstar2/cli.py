@@ -157,9 +157,106 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
         raise typer.Exit(2)
 
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and takes --json PATH")
+from rstar2 import bench_sandbox  # noqa: E402
+from rstar2.sandbox.cli import app as sandbox_app  # noqa: E402
+
+app.add_typer(sandbox_app, name="sandbox")
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
 app.add_typer(bench_app, name="bench")
+bench_app.command("sandbox")(bench_sandbox.main)
 bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
+
+
+@bench_app.command("rollout")
+def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
+                  prompts: int = typer.Option(512, help="prompts per step, 32 rollouts each (paper: 512)"),
+                  seeds: int = typer.Option(10, help="workloads per scenario (the issue's bar: medians over >= 10)"),
+                  scenario: list[str] = typer.Option([], help="scenario names (default: all)"),
+                  rollouts: str = typer.Option("runs/*/stage*/step-*/rollouts.parquet",
+                                               help="real rollout tables to measure the within-prompt correlation"),
+                  icc: Optional[float] = typer.Option(None, help="use this correlation instead of measuring it"),
+                  sim: bool = typer.Option(True, help="the simulated policy comparison"),
+                  real: bool = typer.Option(False, help="also a real rollout batch on vLLM engine actors"),
+                  run_dir: Path = typer.Option(Path("runs/tiny"), help="real run: its SFT model and train split"),
+                  model: Optional[Path] = typer.Option(None, help="real run: model dir (default: <run-dir>/sft)"),
+                  real_engines: int = typer.Option(2, help="real run: vLLM engines"),
+                  real_prompts: int = typer.Option(16, help="real run: prompts"),
+                  real_samples: int = typer.Option(8, help="real run: rollouts per prompt"),
+                  preset: str = typer.Option("tiny", help="real run: config when <run-dir>/config.json is absent"),
+                  json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Rollout scheduling policies in simulation (rstar2/rollout_sim.py, driven by rstar2/scheduler.py): makespan
+    per policy vs the clairvoyant oracle, the naive work bound, GPU idle, KV recompute, per scenario; with --real,
+    the same policies on live vLLM engines, and the agent loop's tokens/s vs raw vLLM generate."""
+    out: dict = {}
+    if real:
+        out["real"] = _bench_rollout_real(preset, run_dir, model, real_engines, real_prompts, real_samples)
+    if sim:
+        out["sim"] = _bench_rollout_sim(engines, prompts, seeds, scenario, rollouts, icc)
+    _write_json(json_path, out)
+
+
+def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engines: int, prompts: int,
+                        samples: int) -> dict:
+    env.apply()
+    from rstar2 import config, rollout_bench
+
+    saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
+    cfg = config.RunCfg.model_validate_json(saved.read_text()) if saved.exists() else config.load(preset)
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"num_engines": engines})})
+    model_dir = str(model or run_dir / "sft")
+    if not Path(model_dir, "config.json").exists():
+        console.print(f"[red]error:[/red] no model at {model_dir}: run a campaign first or pass --model")
+        raise typer.Exit(2)
+    res = rollout_bench.real_run(cfg, model_dir, rollout_bench.problems_of(str(run_dir)), prompts, samples,
+                                 ["kv_aware", "least_requests", "round_robin", "static"])
+    raw = res["raw_generate"]
+    table = Table(title=f"real rollout: {res['engines']} vLLM engines, {prompts}x{samples}, raw generate "
+                        f"{raw['tokens_per_s']} tok/s")
+    cols = ["policy", "makespan_s", "tokens_per_s", "vs_raw_generate", "tool_calls", "mean_turns", "tool_wait_s",
+            "queue_wait_mean_s"]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for r in res["policies"]:
+        table.add_row(*[str(r[c]) for c in cols])
+    console.print(table)
+    return res
+
+
+def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[str], rollouts: str,
+                       icc: Optional[float]) -> dict:
+    import glob
+
+    from rstar2.config import SchedulerCfg
+    from rstar2.rollout_sim import measured_icc, run_scenario, scenarios, summarize
+
+    measured = None
+    if icc is None:
+        paths = sorted(glob.glob(rollouts))
+        if not paths:
+            console.print(f"[red]error:[/red] no rollout tables match {rollouts!r}; run a campaign or pass --icc")
+            raise typer.Exit(2)
+        measured = measured_icc(paths)
+        icc = measured["icc"]
+        console.print(f"within-prompt length correlation (ICC) measured on {measured['rollouts']} real rollouts "
+                      f"({measured['groups']} prompt groups): {icc:.3f}")
+    grid = [s for s in scenarios(engines, prompts) if not scenario or s.name in scenario]
+    if not grid:
+        console.print(f"[red]error:[/red] no scenario named {scenario}; choose from "
+                      f"{', '.join(s.name for s in scenarios())}")
+        raise typer.Exit(2)
+    rows = [r for sc in grid for seed in range(seeds) for r in run_scenario(sc, seed, icc, SchedulerCfg())]
+    summary = summarize(rows)
+    table = Table(title=f"rollout scheduling, simulated: {engines} engines, {prompts}x32, ICC {icc:.3f}, "
+                        f"median of {seeds} seeds")
+    cols = ["scenario", "policy", "makespan_s", "x_oracle", "x_round_robin", "x_least_requests", "static_speedup",
+            "x_naive_bound", "idle_frac", "recompute_frac", "preemptions", "queue_wait_mean_s"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("scenario", "policy") else "right")
+    for r in summary:
+        table.add_row(*[r[c] if isinstance(r[c], str) else "-" if r[c] is None else f"{r[c]:.3g}" for c in cols])
+    console.print(table)
+    return {"engines": engines, "prompts": prompts, "seeds": seeds, "icc": icc, "icc_measured": measured,
+            "summary": summary, "runs": rows}
 
 
 if __name__ == "__main__":

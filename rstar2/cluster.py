@@ -102,3 +102,15 @@ def engine_generate(engine_names: list[str], temperature: float, top_p: float):
         return out
 
     return generate
+
+
+def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> tuple[list, list[int]]:
+    """One blocking GenerateFn per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens,
+    as vLLM sized it (num_gpu_blocks x block_size)."""
+    engines = [get(n) for n in engine_names]
+    caps = [int(i["kv_capacity_tokens"]) for i in ray.get([e.info.remote() for e in engines])]
+
+    def client(e):
+        return lambda prompts, max_tokens: ray.get(e.generate.remote(prompts, max_tokens, temperature, top_p))
+
+    return [client(e) for e in engines], caps

@@ -59,13 +59,25 @@ class RolloutCfg(_Cfg):
 
 
 class SandboxCfg(_Cfg):
-    workers: int = 4
+    """The code-execution service (rstar2/sandbox/): where it runs, its limits, and the reward check's timeout."""
+    backend: Literal["local", "http", "ray", "docker"] = "local"  # local = in this process
+    workers: int = 4  # executor slots (calls at once) per service; 2 per core is the sweet spot
     timeout_s: float = 4.0
     memory_mb: int = 512
     cpu_s: int = 4
+    max_processes: int = 64
+    max_file_mb: int = 16
+    tmpfs_mb: int = 64
     max_output_chars: int = 4000
-    verify_timeout_s: float = 2.0
-    verify_workers: int = 1
+    queue_size: int = 4096  # calls waiting beyond this block the caller (backpressure)
+    require: list[str] = []  # isolation layers that must be active, else the service refuses to start
+    urls: list[str] = []  # backend http: `rstar2 sandbox serve` servers
+    ray_actors: int = 1  # backend ray: services in the actor group
+    docker_image: str = "rstar2-sandbox:latest"  # backend docker: infra/docker/Dockerfile.sandbox
+    batch_size: int = 64  # remote backends: calls per batch (paper: up to 64)
+    senders: int = 8  # remote backends: batches in flight
+    retries: int = 4
+    verify_timeout_s: float = 2.0  # the reward check's own wall-clock limit per answer
 
 
 class RoCCfg(_Cfg):
@@ -117,6 +129,24 @@ class EngineCfg(_Cfg):
     dtype: str = "bfloat16"
 
 
+class SchedulerCfg(_Cfg):
+    """Placement of trajectories on engines (rstar2/scheduler.py; paper §3.2, README "Rollout scheduling")."""
+    policy: Literal["kv_aware", "least_requests", "round_robin", "static"] = "kv_aware"
+    max_inflight: int = 256  # trajectories per engine at most (vLLM's max_num_seqs); least_requests' only limit
+    oversubscribe: float = 1.35  # kv_aware: admit while the expected peak KV <= factor x KV capacity (start)
+    oversubscribe_min: float = 1.0
+    oversubscribe_max: float = 1.35  # growing past the start thrashed in simulation (stage 3, tight KV): off
+    usage_low: float = 0.8  # factor grows while measured KV usage stays below this and admission is blocked
+    usage_high: float = 0.95  # ... and shrinks above this, or after a preemption
+    grow_when_realized: float = 0.5  # ... grows only once running trajectories hold this share of their reservation
+    adapt_interval_s: float = 1.0
+    probes_per_prompt: int = 2  # kv_aware starts this many rollouts of every prompt before ranking by siblings
+    estimator_window: int = 4096  # finished trajectories remembered across steps (the length estimate)
+    prior_frac: float = 0.5  # expected response length before anything finished: this share of the budget
+    hang_timeout_s: float = 120.0  # an engine that answers no probe for this long is treated as dead
+    probe_interval_s: float = 5.0
+
+
 class PlateauCfg(_Cfg):
     """When a stage has plateaued (rstar2/transition.py): the last `window` steps gained < `min_delta` on `metric`."""
     metric: str = "reward_mean"  # any per-step metric, e.g. eval_pass1 (with eval.every=1) or pass1_train
@@ -165,6 +195,7 @@ class RunCfg(_Cfg):
     roc: RoCCfg = Field(default_factory=RoCCfg)
     trainer: TrainerCfg = Field(default_factory=TrainerCfg)
     engine: EngineCfg = Field(default_factory=EngineCfg)
+    scheduler: SchedulerCfg = Field(default_factory=SchedulerCfg)
     stages: list[StageCfg] = Field(default_factory=list)
     eval: EvalCfg = Field(default_factory=EvalCfg)
     mining: MiningCfg = Field(default_factory=MiningCfg)

@@ -2,23 +2,22 @@
 the ground truth (rule-based Math-Verify), else 0. No format reward, no tool-error penalty (paper §2.2.3).
 
 Unlike the released code (last `\\boxed{}` anywhere, PRIME heuristics first: notes §5, §10 row 6) we follow
-the paper: a stray `\\boxed{}` in a later `<reason>` block cannot decide the reward. Math-Verify enforces its
-timeouts with `signal.alarm`, so it runs only in a process's main thread: `Verifier` uses a spawned process
-pool (safe to create from a threaded trainer) and a per-item deadline, so a pathological answer that hangs
-in C code costs that item 0.0 and a pool restart, never a stalled training step.
+the paper: a stray `\\boxed{}` in a later `<reason>` block cannot decide the reward. As in the paper (§3.1) and the
+released code (notes §5), the check runs in the code-execution service, under its own wall-clock timeout: a
+pathological answer that hangs Math-Verify (even in C code, where its `signal.alarm` cannot interrupt) costs that
+item 0.0 and one killed sandbox child, never a stalled training step.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import math
-import multiprocessing as mp
 import threading
-import time
-from collections import deque
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
-from typing import Callable
+from collections import Counter
 
+from rstar2.sandbox import OK, ExecRequest
 from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN
 
 log = logging.getLogger(__name__)
@@ -68,82 +67,68 @@ def verify_one(pred: str | None, gold: str, timeout_s: float) -> float:
         return 0.0
 
 
-def _init_worker() -> None:
-    import math_verify  # noqa: F401  (pay the sympy import once per worker, not in the first item's deadline)
+VERIFY_CODE = "import json, math, sys, threading\n" + inspect.getsource(verify_one) + """
+items = json.loads(sys.stdin.read())
+print(json.dumps([verify_one(i["pred"], i["gold"], i["timeout_s"]) for i in items]))
+"""  # runs in the sandbox ("verify" executor: math-verify preloaded); the items as JSON on stdin
+
+
+def _scores(res, n: int) -> list[float] | None:
+    """The n scores a check call printed, or None if it failed or printed something else."""
+    if res.status != OK:
+        return None
+    try:
+        scores = [float(x) for x in json.loads(res.stdout)]
+    except (ValueError, TypeError):
+        return None
+    return scores if len(scores) == n else None
 
 
 class Verifier:
-    """Scores batches in worker processes. At most `workers` items are in flight, so each one's deadline
-    starts when it really starts; a hung item scores 0.0, the pool is killed and the other in-flight items
-    are re-run on a fresh one. `fn` is the per-item check (swappable for tests or other checkers)."""
+    """Scores batches through a sandbox backend (anything with `run_batch`). Answers are checked `chunk` to a
+    sandbox call (each call pays a fork and math-verify's first-parse page copies, ~15 ms; an item alone ~1 ms),
+    each item under Math-Verify's own timeout and the call under a wall-clock limit of `timeout_s`. A call that
+    does not finish in time (an answer that hangs even where SIGALRM cannot interrupt it) is redone item by item,
+    each alone under `timeout_s`: the hanging one scores 0.0, the others are not penalised. `code` is the checking
+    program (reads a JSON list of {"pred", "gold", "timeout_s"} on stdin, prints the list of scores)."""
 
-    STARTUP_GRACE_S = 60.0  # extra time for items sent to a pool whose workers are still importing
+    def __init__(self, sandbox, timeout_s: float = 2.0, chunk: int = 32, code: str = VERIFY_CODE):
+        if chunk < 1 or timeout_s <= 0:
+            raise ValueError("chunk and timeout_s must be positive")
+        self.sandbox, self.timeout_s, self.chunk, self.code = sandbox, timeout_s, chunk, code
+        self.last_statuses: Counter = Counter()  # per item of the last batch: how its (last) check ended
 
-    def __init__(self, workers: int = 1, timeout_s: float = 2.0, *, item_deadline_s: float | None = None,
-                 fn: Callable[[str, str, float], float] = verify_one):
-        self.workers, self.timeout_s, self._fn = workers, timeout_s, fn
-        # parse(gold) + parse(pred) + verify, each under Math-Verify's own whole-second timeout, plus slack
-        self.item_deadline_s = item_deadline_s or 3 * max(1, math.ceil(timeout_s)) + 2.0
-        self._pool: ProcessPoolExecutor | None = None
-        self._warm = False
-        self.restarts = 0
-
-    def _kill_pool(self) -> None:
-        if self._pool is None:
-            return
-        procs = list(getattr(self._pool, "_processes", {}).values())  # no public terminate before 3.14
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        self._pool, self._warm = None, False
-        self.restarts += 1
+    def _run(self, groups: list[list[tuple[int, str, str]]]) -> list[list[float] | None]:
+        reqs = [ExecRequest(self.code, json.dumps([{"pred": p, "gold": g, "timeout_s": self.timeout_s}
+                                                   for _, p, g in items]), timeout_s=self.timeout_s)
+                for items in groups]
+        out = []
+        for items, res in zip(groups, self.sandbox.run_batch(reqs) if reqs else []):
+            scores = _scores(res, len(items))
+            if scores is not None:
+                self.last_statuses[OK] += len(items)
+            elif len(items) == 1:  # a failed chunk is not counted: its items are redone one by one
+                self.last_statuses[res.status if res.status != OK else "error"] += 1
+                log.warning("verification of item %d (answer %.80r) ended %s: scored 0.0 (%s)", items[0][0],
+                            items[0][1], res.status, res.stderr.strip()[-200:])
+            out.append(scores)
+        return out
 
     def score(self, responses: list[str], golds: list[str], truncated: list[bool]) -> list[float]:
         """Binary rewards in input order; truncated responses and responses without an answer get 0.0."""
         if not len(responses) == len(golds) == len(truncated):
             raise ValueError("responses, golds and truncated must have the same length")
+        todo = [(i, pred, gold) for i, (resp, gold, cut) in enumerate(zip(responses, golds, truncated))
+                if not cut and (pred := extract_answer(resp)) is not None]
         scores = [0.0] * len(responses)
-        todo = deque((i, pred, gold) for i, (resp, gold, cut) in enumerate(zip(responses, golds, truncated))
-                     if not cut and (pred := extract_answer(resp)) is not None)
-        running: dict = {}  # future -> (index, pred, gold, deadline)
-        while todo or running:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
-                                                 initializer=_init_worker)
-            while todo and len(running) < self.workers:
-                i, pred, gold = todo.popleft()
-                deadline = time.monotonic() + self.item_deadline_s + (0 if self._warm else self.STARTUP_GRACE_S)
-                running[self._pool.submit(self._fn, pred, gold, self.timeout_s)] = (i, pred, gold, deadline)
-            nearest = min(d for *_, d in running.values())
-            done, _ = wait(running, timeout=max(0.0, nearest - time.monotonic()), return_when=FIRST_COMPLETED)
-            failed = []
-            for fut in done:
-                i = running.pop(fut)[0]
-                try:
-                    scores[i], self._warm = float(fut.result()), True
-                except Exception as e:  # a worker died (BrokenProcessPool) or the checker raised
-                    log.warning("verification of item %d failed (%r): scored 0.0", i, e)
-                    failed.append(e)
-            hung = [f for f, (*_, d) in running.items() if time.monotonic() >= d]
-            for fut in hung:
-                i, pred = running.pop(fut)[:2]
-                log.warning("verification of item %d (answer %.80r) hung: scored 0.0, restarting pool", i, pred)
-            if hung or any(isinstance(e, BrokenExecutor) for e in failed):
-                todo.extendleft((i, p, g) for i, p, g, _ in running.values())  # innocent: run them again
-                running.clear()
-                self._kill_pool()
+        self.last_statuses = Counter()
+        chunks = [todo[k:k + self.chunk] for k in range(0, len(todo), self.chunk)]
+        redo = []
+        for items, got in zip(chunks, self._run(chunks)):
+            if got is None and len(items) > 1:
+                redo += [[item] for item in items]
+            for (i, _, _), value in zip(items, got or []):
+                scores[i] = value
+        for [(i, _, _)], got in zip(redo, self._run(redo)):
+            scores[i] = got[0] if got else 0.0
         return scores
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def __enter__(self) -> Verifier:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

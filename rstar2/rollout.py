@@ -6,16 +6,23 @@ the first call in the sandbox (a broken call becomes a parse-error tool response
 one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
 
-This version advances all live trajectories one turn at a time (a barrier per turn); the KV-aware scheduler issue
-replaces that with continuous per-trajectory dispatch.
+`run` advances all live trajectories one turn at a time (a barrier per turn; evaluation uses it). `run_scheduled`,
+the RL step's rollout, has no barrier: rstar2.scheduler places each trajectory on one engine (sticky), every engine
+generates the next turn of whatever of its trajectories is ready as soon as its previous call returns, and tool calls
+run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails mid-call
+has its trajectories requeued to the others; they resume from their last completed turn.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from rstar2 import template as T
+from rstar2.config import SchedulerCfg
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
 
@@ -86,9 +93,7 @@ def _after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits)
     return _Pending(traj, request=req)
 
 
-def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict], n_samples: int,
-        limits: RolloutLimits, on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
-    """Roll out `n_samples` trajectories per problem (dicts with problem_id, prompt, answer)."""
+def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits) -> list[Trajectory]:
     trajs: list[Trajectory] = []
     for p in problems:
         prompt_ids = tokenizer(T.build_prompt(p["prompt"]), add_special_tokens=False)["input_ids"]
@@ -98,34 +103,142 @@ def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict],
         if budget <= 0:
             raise ValueError(f"problem {p['problem_id']}: prompt of {len(prompt_ids)} tokens leaves no room to answer")
         trajs += [Trajectory(p["problem_id"], k, str(p["answer"]), prompt_ids, budget) for k in range(n_samples)]
+    return trajs
+
+
+def _model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits) -> _Pending | None:
+    t.response_ids += ids
+    t.loss_mask += [1] * len(ids)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    t.assistant_turns.append(text)
+    return _after_turn(t, text, finish, limits)
+
+
+def _tool_result(p: _Pending, res: ExecResult, limits: RolloutLimits) -> None:
+    p.traj.tool_statuses.append(res.status)
+    p.traj.tool_wall_s.append(res.wall_s)
+    p.reply = format_tool_response(res, limits.tool_response_chars)
+
+
+def _tool_turn(p: _Pending, tokenizer) -> bool:
+    """Append the tool reply (loss mask 0); False (and truncated) if it would not fit: never end on a tool turn."""
+    ids = tokenizer(T.tool_turn(p.reply), add_special_tokens=False)["input_ids"]
+    if len(p.traj.response_ids) + len(ids) >= p.traj.budget:
+        p.traj.truncated = p.traj.done = True
+        return False
+    p.traj.response_ids += ids
+    p.traj.loss_mask += [0] * len(ids)
+    return True
+
+
+def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict], n_samples: int,
+        limits: RolloutLimits, on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+    """Roll out `n_samples` trajectories per problem (dicts with problem_id, prompt, answer), turn by turn."""
+    trajs = make_trajs(tokenizer, problems, n_samples, limits)
     turn = 0
     while live := [t for t in trajs if not t.done]:
         budgets = [t.budget - len(t.response_ids) for t in live]
         outs = generate([t.prompt_ids + t.response_ids for t in live], budgets)
-        pending: list[_Pending] = []
-        for t, (ids, finish) in zip(live, outs):
-            t.response_ids += ids
-            t.loss_mask += [1] * len(ids)
-            text = tokenizer.decode(ids, skip_special_tokens=False)
-            t.assistant_turns.append(text)
-            if (nxt := _after_turn(t, text, finish, limits)) is not None:
-                pending.append(nxt)
+        pending = [nxt for t, (ids, finish) in zip(live, outs)
+                   if (nxt := _model_turn(t, ids, finish, tokenizer, limits)) is not None]
         to_run = [p for p in pending if p.request is not None]
         for p, res in zip(to_run, sandbox.run_batch([p.request for p in to_run]) if to_run else []):
-            p.traj.tool_statuses.append(res.status)
-            p.traj.tool_wall_s.append(res.wall_s)
-            p.reply = format_tool_response(res, limits.tool_response_chars)
+            _tool_result(p, res, limits)
         for p in pending:
-            ids = tokenizer(T.tool_turn(p.reply), add_special_tokens=False)["input_ids"]
-            if len(p.traj.response_ids) + len(ids) >= p.traj.budget:
-                p.traj.truncated = p.traj.done = True  # never end on a tool turn
-                continue
-            p.traj.response_ids += ids
-            p.traj.loss_mask += [0] * len(ids)
+            _tool_turn(p, tokenizer)
         turn += 1
         if on_turn:
             on_turn(turn, len(live))
     return trajs
+
+
+def run_scheduled(engines: list[GenerateFn], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
+                  problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
+                  on_done: Callable[[int, int], None] | None = None) -> tuple[list[Trajectory], dict]:
+    """Roll out through the scheduler (see module docstring). engines[e] generates on engine e (a blocking call;
+    each runs in its own thread); capacities[e] is its KV capacity in tokens. Returns the trajectories and the
+    step's scheduling metrics (per-engine busy share, queue wait, tool time, requeues, engine failures)."""
+    from rstar2.scheduler import Scheduler
+
+    trajs = make_trajs(tokenizer, problems, n_samples, limits)
+    sched = Scheduler(capacities, cfg, policy)
+    t0 = time.perf_counter()
+    now = lambda: time.perf_counter() - t0  # noqa: E731
+    for i, t in enumerate(trajs):
+        sched.submit(i, t.problem_id, len(t.prompt_ids), t.budget, 0.0)
+    ready = [deque() for _ in engines]  # trajectories ready for their next turn, per engine
+    busy = [False] * len(engines)
+    at_tool: set[int] = set()  # waiting on the sandbox: dispatched only once the reply is in
+    futs: dict = {}
+    gen_s, tool_s, failures, finished = [0.0] * len(engines), 0.0, [], 0
+
+    def end(tid: int) -> None:
+        nonlocal finished
+        sched.release(tid, "finished", now())
+        finished += 1
+        if on_done:
+            on_done(finished, len(trajs))
+
+    def next_turn(tid: int) -> None:
+        t = trajs[tid]
+        sched.progress(tid, len(t.response_ids), t.num_turns)
+        ready[sched.trajs[tid].engine].append(tid)
+
+    with ThreadPoolExecutor(max_workers=2 * len(engines) + 8, thread_name_prefix="rollout") as pool:
+        while not sched.done:
+            for tid, e in sched.dispatch(now()):
+                if tid not in at_tool:
+                    ready[e].append(tid)
+            for e, gen in enumerate(engines):
+                if not busy[e] and ready[e] and sched.engines[e].alive:
+                    batch = list(ready[e])
+                    ready[e].clear()
+                    live = [trajs[i] for i in batch]
+                    f = pool.submit(gen, [t.prompt_ids + t.response_ids for t in live],
+                                    [t.budget - len(t.response_ids) for t in live])
+                    futs[f], busy[e] = ("gen", e, batch, time.perf_counter()), True
+            if not futs:
+                raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")
+            done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
+            for f in done:
+                kind, e, what, started = futs.pop(f)
+                if kind == "tool":
+                    tid, p = what
+                    tool_s += time.perf_counter() - started
+                    at_tool.discard(tid)
+                    _tool_result(p, f.result()[0], limits)
+                    if not _tool_turn(p, tokenizer):
+                        end(tid)
+                    elif sched.trajs[tid].state == "running":  # else requeued after its engine failed
+                        next_turn(tid)
+                    continue
+                busy[e] = False
+                gen_s[e] += time.perf_counter() - started
+                try:
+                    outs = f.result()
+                except Exception as err:  # noqa: BLE001 - a dead or broken engine: requeue, the batch completes
+                    failures.append({"engine": e, "at_s": round(now(), 3), "error": repr(err)[:200]})
+                    ready[e].clear()
+                    sched.engine_failed(e, now())
+                    continue
+                for tid, (ids, finish) in zip(what, outs):
+                    p = _model_turn(trajs[tid], ids, finish, tokenizer, limits)
+                    if p is None:
+                        end(tid)
+                    elif p.request is None:
+                        next_turn(tid) if _tool_turn(p, tokenizer) else end(tid)
+                    else:
+                        at_tool.add(tid)
+                        futs[pool.submit(sandbox.run_batch, [p.request])] = ("tool", e, (tid, p), time.perf_counter())
+    wall = now()
+    summ = sched.summary()
+    sched.estimator.commit()
+    return trajs, {"rollout_wall_s": wall, "sched_policy": summ["policy"],
+                   "sched_queue_wait_mean_s": summ["queue_wait_mean_s"], "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
+                   "sched_requeued": summ["requeued"], "sched_engine_failures": len(failures),
+                   "sched_tool_wait_s": tool_s, "sched_failures": failures,
+                   **{f"sched_engine{e}_busy": g / max(wall, 1e-9) for e, g in enumerate(gen_s)},
+                   **{f"sched_engine{e}_dispatched": n for e, n in enumerate(summ["dispatched_per_engine"])}}
 
 
 def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:

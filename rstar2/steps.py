@@ -6,7 +6,9 @@ rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (traine
 from __future__ import annotations
 
 import atexit
+import json
 import random
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,40 +17,44 @@ import numpy as np
 import polars as pl
 
 from rstar2 import roc, rollout
-from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg
+from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
 from rstar2.reward import Verifier
-from rstar2.sandbox import ExecResult, LocalSandbox, SandboxLimits
+from rstar2.sandbox import ExecRequest, ExecResult
+from rstar2.sandbox.backends import Backend, connect
+from rstar2.sandbox.metrics import summarize
 from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
-_VERIFIERS: dict[tuple, Verifier] = {}
+_BACKENDS: dict[str, Backend] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def sandbox(cfg: SandboxCfg) -> Backend:
+    """One sandbox service per driver process and config (its warm executors are reused by every rollout and
+    reward check); closed at exit."""
+    key = cfg.model_dump_json()
+    with _BACKENDS_LOCK:
+        if key not in _BACKENDS:
+            _BACKENDS[key] = connect(cfg)
+            atexit.register(_BACKENDS[key].close)
+        return _BACKENDS[key]
 
 
 def verifier(cfg: SandboxCfg) -> Verifier:
-    """One verifier process pool per driver process (starting one costs seconds: math-verify imports sympy)."""
-    key = (cfg.verify_workers, cfg.verify_timeout_s)
-    if key not in _VERIFIERS:
-        _VERIFIERS[key] = Verifier(workers=cfg.verify_workers, timeout_s=cfg.verify_timeout_s)
-        atexit.register(_VERIFIERS[key].close)
-    return _VERIFIERS[key]
+    return Verifier(sandbox(cfg), timeout_s=cfg.verify_timeout_s)
 
 
-def sandbox(cfg: SandboxCfg) -> LocalSandbox:
-    return LocalSandbox(SandboxLimits(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, cpu_s=cfg.cpu_s,
-                                      max_output_chars=cfg.max_output_chars), workers=cfg.workers)
+def _stats_uri(uri: str) -> Path:
+    """The sandbox figures that go with a rollout/scored table (service counters are not per row)."""
+    return Path(uri).with_suffix(".sandbox.json")
 
 
 class ToolDisabled:
-    """The no-tool ablation's environment: every tool call is refused, so the policy must answer on its own."""
+    """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on
+    its own."""
 
-    def run_batch(self, reqs) -> list[ExecResult]:
+    def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         return [ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0) for _ in reqs]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
@@ -64,26 +70,44 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 
 def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
-                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None) -> dict:
+                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None,
+                       scheduled: tuple[list, list[int], SchedulerCfg] | None = None) -> dict:
+    """Roll out and write the table. `scheduled` = (per-engine GenerateFns, KV capacities, scheduler config): the
+    RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn."""
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
-    with sandbox(sandbox_cfg) if limits.tool_enabled else ToolDisabled() as sb:
-        trajs = rollout.run(generate, sb, tok, problems, n_samples,
-                            rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens,
-                                                  limits.tool_response_chars, max_model_len), on_turn=on_turn)
+    lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
+    sched_stats: dict = {}
+    sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
+    before = sb.snapshot() if sb else None
+    if scheduled:
+        trajs, sched_stats = rollout.run_scheduled(*scheduled, sb or ToolDisabled(), tok, problems, n_samples, lim,
+                                                   on_done=on_turn)
+        sched_stats.pop("sched_failures")
+        sched_stats.pop("sched_policy")
+    else:
+        trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples, lim, on_turn=on_turn)
+    if sb:
+        _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
+        _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
     rows = rollout.to_rows(trajs, tok)
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(out_uri)
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
     return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
-            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9)}
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats}
 
 
 def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
     """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format."""
     df = pl.read_parquet(rollouts_uri)
-    rewards = verifier(cfg).score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    check = verifier(cfg)
+    rewards = check.score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    stats = json.loads(_stats_uri(rollouts_uri).read_text()) if _stats_uri(rollouts_uri).exists() else {}
+    stats.update({"verify_calls": float(sum(check.last_statuses.values())),
+                  **{f"verify_status_{k}": float(v) for k, v in check.last_statuses.items()}})
+    _stats_uri(out_uri).write_text(json.dumps(stats))
     blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
     df = df.with_columns(
         reward=pl.Series(rewards, dtype=pl.Float64),
@@ -96,8 +120,10 @@ def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
 
 
 def sandbox_stats(scored_uri: str) -> dict:
-    """What the sandbox did this step: calls, statuses and latency (the tool turns ran inside the rollout)."""
+    """What the sandbox did this step: the tool calls' statuses and latency (from the rollout table), the service's
+    own figures over the rollout (calls/s, latency percentiles, queue wait and depth) and the reward checks."""
     df = pl.read_parquet(scored_uri)
+    service = json.loads(_stats_uri(scored_uri).read_text()) if _stats_uri(scored_uri).exists() else {}
     statuses = Counter(s for row in df["tool_statuses"].to_list() for s in row)
     walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
     calls = sum(statuses.values())
@@ -105,7 +131,7 @@ def sandbox_stats(scored_uri: str) -> dict:
             "tool_error_rate": 1 - (statuses["ok"] + statuses["output_truncated"]) / max(1, calls),
             "tool_latency_mean_s": float(np.mean(walls)) if walls else 0.0,
             "tool_latency_p99_s": float(np.quantile(walls, 0.99)) if walls else 0.0,
-            **{f"tool_status_{k}": v for k, v in statuses.items()}}
+            **{f"tool_status_{k}": v for k, v in statuses.items()}, **service}
 
 
 def roc_filter(scored_uri: str, cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:

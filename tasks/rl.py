@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
 from rstar2 import cluster, mining, report, steps, tracking
-from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg
+from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
 from rstar2.progress import bar
 
 
@@ -43,13 +43,15 @@ def stop_actors(actors: dict) -> None:
 
 @task(name="rollout", cache_policy=None, retries=2, retry_condition_fn=_retry_transient)
 def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prompts: int, samples: int,
-            limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str) -> str:
-    gen = cluster.engine_generate(actors["engines"], limits.temperature, limits.top_p)
+            limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str,
+            sched_cfg: SchedulerCfg) -> dict:
+    """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}."""
+    clients, caps = cluster.engine_clients(actors["engines"], limits.temperature, limits.top_p)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
     with bar(f"rollout step {step + 1}") as progress:
-        steps.rollout_to_parquet(gen, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri, max_model_len,
-                                 on_turn=lambda turn, live: progress(turn, limits.max_turns))
-    return out_uri
+        info = steps.rollout_to_parquet(None, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri,
+                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg))
+    return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 
 @task(name="score", cache_policy=None)

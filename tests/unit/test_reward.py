@@ -1,10 +1,11 @@
-"""Outcome reward (paper Eq. 3): answer extraction, Math-Verify equivalence, and the process-pool Verifier."""
+"""Outcome reward (paper Eq. 3): answer extraction, Math-Verify equivalence, and the Verifier that runs the check in
+the sandbox service under its own timeout."""
 
 import time
 
 import pytest
 
-from rstar2.reward import Verifier, extract_answer, verify_one
+from rstar2.reward import VERIFY_CODE, Verifier, extract_answer, verify_one
 
 
 def resp(answer_block: str, reasoning: str = "work") -> str:
@@ -43,33 +44,32 @@ def test_verify_one_refuses_worker_threads():
     assert errors
 
 
-def _hang_on_marker(pred: str, gold: str, timeout_s: float) -> float:
-    """A checker that hangs like a C-level computation that ignores SIGALRM would."""
-    if pred == "HANG":
-        time.sleep(60)
-    return verify_one(pred, gold, timeout_s)
+HANG_ON_MARKER = VERIFY_CODE.replace("\nitems = json.loads", """
+_verify = verify_one
+def verify_one(pred, gold, timeout_s):
+    while pred == "HANG":  # as a C-level computation that ignores SIGALRM would
+        pass
+    return _verify(pred, gold, timeout_s)
+items = json.loads""")
 
 
-@pytest.fixture(scope="module")
-def verifier():
-    with Verifier(workers=2, timeout_s=1.0, item_deadline_s=1.5, fn=_hang_on_marker) as v:
-        yield v
-
-
-def test_verifier_batch_in_order_with_truncation(verifier):
+def test_verifier_batch_in_order_with_truncation(service):
+    v = Verifier(service, timeout_s=5.0)
     responses = [resp("\\boxed{4}"), resp("\\boxed{5}"), resp("\\boxed{\\frac{1}{2}}"), resp("\\boxed{4}"),
                  "\\boxed{4} but no answer block"]
     golds = ["4", "4", "0.5", "4", "4"]
     truncated = [False, False, False, True, False]
-    assert verifier.score(responses, golds, truncated) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert v.score(responses, golds, truncated) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert v.last_statuses == {"ok": 3}  # the truncated and the answerless ones never reach the sandbox
+    assert Verifier(service, timeout_s=5.0, chunk=2).score(responses, golds, truncated) == [1.0, 0.0, 1.0, 0.0, 0.0]
 
 
-def test_verifier_survives_pathological_input(verifier):
-    verifier.score([resp("\\boxed{1}")], ["1"], [False])  # warm pool: the deadline below is the item's own
+def test_verifier_survives_pathological_input(service):
+    v = Verifier(service, timeout_s=2.5, code=HANG_ON_MARKER)  # margin for a niced run on a loaded machine
+    v.score([resp("\\boxed{1}")], ["1"], [False])  # warm executor: the timing below is the items' own
     t0 = time.monotonic()
-    scores = verifier.score([resp("\\boxed{3}"), resp("\\boxed{HANG}"), resp("\\boxed{9^{9^{9^{9}}}}"),
-                             resp("\\boxed{7}")], ["3", "3", "5", "7"], [False] * 4)
-    assert scores == [1.0, 0.0, 0.0, 1.0]
-    assert verifier.restarts == 1
-    assert time.monotonic() - t0 < 15
-    assert verifier.score([resp("\\boxed{2}")], ["2"], [False]) == [1.0]  # the fresh pool works
+    scores = v.score([resp("\\boxed{3}"), resp("\\boxed{HANG}"), resp("\\boxed{9^{9^{9^{9}}}}"),
+                      resp("\\boxed{7}")], ["3", "3", "5", "7"], [False] * 4)
+    assert scores == [1.0, 0.0, 0.0, 1.0]  # the chunk timed out; redone one by one, only HANG is lost
+    assert v.last_statuses["timeout"] >= 1 and v.last_statuses["ok"] >= 2 and time.monotonic() - t0 < 20
+    assert v.score([resp("\\boxed{2}")], ["2"], [False]) == [1.0]  # the service keeps answering

@@ -6,7 +6,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rstar2 import rollout, template as T
-from rstar2.sandbox import LocalSandbox, SandboxLimits
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +38,15 @@ CALL = "\nuse python\n" + T.REASON_CLOSE + "\n" + T.tool_call_text("print(6 * 7)
 ANSWER = "\ndone\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + T.IM_END
 
 
-def run(tok, script, **limits):
+def run(tok, service, script, **limits):
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    with LocalSandbox(SandboxLimits(timeout_s=5), workers=2) as sb:
-        return {t.problem_id: t for t in rollout.run(scripted(tok, script), sb, tok, problems, 1,
-                                                     rollout.RolloutLimits(**limits))}
+    return {t.problem_id: t for t in rollout.run(scripted(tok, script), service, tok, problems, 1,
+                                                 rollout.RolloutLimits(**limits))}
 
 
-def test_tool_turn_masks_and_statuses(tok):
+def test_tool_turn_masks_and_statuses(tok, service):
     broken = "\n" + T.REASON_CLOSE + "\n" + T.TOOL_CALL_OPEN + '\n{"name": oops}\n' + T.TOOL_CALL_CLOSE + T.IM_END
-    t = run(tok, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
+    t = run(tok, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
     a = t["zqa"]
     assert a.tool_statuses == ["ok"] and a.num_turns == 2 and not a.truncated
     text = tok.decode(a.response_ids, skip_special_tokens=False)
@@ -62,10 +60,57 @@ def test_tool_turn_masks_and_statuses(tok):
     assert t["zqc"].tool_statuses == [] and t["zqc"].num_turns == 1
 
 
-def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok):
-    t = run(tok, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
+def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok, service):
+    t = run(tok, service, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
     assert t.truncated and t.num_turns == 2 and t.loss_mask[-1] == 1
-    short = run(tok, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
+    short = run(tok, service, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
     assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
-    cut = run(tok, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
+    cut = run(tok, service, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
     assert cut.truncated and len(cut.response_ids) == 5
+
+
+def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
+    from rstar2.steps import ToolDisabled
+
+    t = run(tok, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
+    tool_part = tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
+    assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
+
+
+def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", **limits):
+    from rstar2.config import SchedulerCfg
+
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    return rollout.run_scheduled(engines, [10_000] * len(engines), SchedulerCfg(), service, tok, problems, samples,
+                                 rollout.RolloutLimits(**limits), policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
+def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
+    gen = scripted(tok, script)
+    trajs, stats = run_sched(tok, service, script, [gen, gen], policy=policy, max_turns=5, max_response_tokens=2000)
+    ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
+    assert len(trajs) == 9 and stats["sched_engine_failures"] == 0
+    for t in trajs:
+        assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask
+    assert stats["sched_engine0_dispatched"] + stats["sched_engine1_dispatched"] == 9
+
+
+def test_scheduled_rollout_survives_an_engine_failure(tok, service):
+    """Engine 1 dies on its second call: its trajectories are requeued to engine 0, each finishes exactly once."""
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
+    good, calls = scripted(tok, script), []
+
+    def dying(prompts, max_tokens):
+        calls.append(len(prompts))
+        if len(calls) >= 2:
+            raise RuntimeError("engine actor died")
+        return good(prompts, max_tokens)
+
+    trajs, stats = run_sched(tok, service, script, [good, dying], samples=4, max_turns=5, max_response_tokens=2000)
+    assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+    assert sorted((t.problem_id, t.sample_idx) for t in trajs) == [(p, k) for p in script for k in range(4)]
+    for t in trajs:
+        assert t.done and not t.truncated and t.num_turns == len(script[t.problem_id])
+        assert t.tool_statuses == ["ok"] * (len(script[t.problem_id]) - 1)  # no turn ran twice

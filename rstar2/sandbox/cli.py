@@ -1,0 +1,70 @@
+"""`rstar2 sandbox ...`: run the service over HTTP, show what isolation this machine gives."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rstar2.sandbox.api import SandboxLimits
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="The code-execution sandbox service")
+console = Console()
+
+
+def _service(slots: int, timeout_s: float, memory_mb: int, require: list[str], prewarm: list[str]):
+    from rstar2.sandbox.service import SandboxService
+
+    try:
+        return SandboxService(SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb), slots=slots,
+                              require=require, prewarm=prewarm)
+    except (ValueError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+
+
+def isolation_table(layers: dict[str, str]) -> Table:
+    table = Table(title="sandbox isolation layers")
+    table.add_column("layer")
+    table.add_column("state")
+    for name, state in sorted(layers.items()):
+        table.add_row(name, state if state.startswith("active") else f"[red]{state}[/red]")
+    return table
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
+          port: int = typer.Option(8000, help="port to bind"),
+          slots: int = typer.Option(4, help="executor slots (calls at once); 2 per core is the sweet spot"),
+          timeout_s: float = typer.Option(4.0, help="wall-clock limit per call"),
+          memory_mb: int = typer.Option(512, help="memory per call beyond the warm interpreter"),
+          require: list[str] = typer.Option([], help="isolation layer that must be active (repeatable)"),
+          prewarm: list[str] = typer.Option(["bare", "sci"], help="executor profiles to start up front")):
+    """Serve the sandbox over HTTP: POST /run, POST /run/batch, GET /metrics (Prometheus), GET /health."""
+    from rstar2.sandbox.server import serve as serve_http
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = _service(slots, timeout_s, memory_mb, require, prewarm)
+    console.print(isolation_table(service.isolation()))
+    console.print(f"sandbox service on http://{host}:{port} ({slots} slots)")
+    try:
+        serve_http(service, host, port)
+    finally:
+        service.close()
+
+
+@app.command()
+def check(json_path: Optional[str] = typer.Option(None, "--json", help="write the report here")):
+    """Start a service, print which isolation layers are active on this machine, and stop."""
+    import json
+    from pathlib import Path
+
+    service = _service(1, 4.0, 512, [], [])
+    layers = service.isolation()
+    service.close()
+    console.print(isolation_table(layers))
+    if json_path:
+        Path(json_path).write_text(json.dumps(layers, indent=1))

@@ -1,0 +1,543 @@
+"""Which engine runs which trajectory, and when (paper §3.2 "load-balanced rollout scheduler"; implementation
+notes §7; the planning report shared/reference/scheduler-simulation.md).
+
+Pure logic: no clock, no I/O, no asyncio. The agent loop (rstar2.rollout) and the simulator (rstar2.rollout_sim)
+drive the same `Scheduler`:
+
+    submit(...) every trajectory  ->  dispatch(now) says which queued ones start on which engine
+    progress(...) after each turn  ->  observe_engine(...) with the engine's own KV stats (vLLM's)
+    release(..., outcome) exactly once per trajectory (finished, error or cancel)
+    engine_failed(e) when an engine dies or hangs: its trajectories go back to the front of the queue
+
+Policies:
+  static          the common default (verl): a prompt's rollouts together, prompts split into contiguous blocks of
+                  engines, everything sent at t=0 (the engine queues and preempts on its own)
+  round_robin     trajectory i -> engine i mod E at t=0 (a prompt's rollouts spread over engines)
+  least_requests  late binding from a global queue to the engine with the fewest in flight, up to max_inflight
+  kv_aware        late binding by KV tokens: each trajectory reserves its *expected* footprint (context so far +
+                  expected remaining response, learned from finished trajectories given its length and turn count),
+                  an engine admits while its reservations fit factor x its KV capacity, the factor adapts to the
+                  engine's measured KV usage and preemptions, and the queue head goes to the most headroom
+  oracle          (simulation only) clairvoyant late binding: longest true length that fits first, reserving the
+                  true final footprint against the KV capacity (never overflows)
+  oracle_static   (simulation only) clairvoyant early binding: longest-processing-time-first balance at t=0
+
+Every policy is sticky: all turns of a trajectory run on the engine that started it (its KV prefix is cached
+there), until it is released or its engine fails.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rstar2.config import SchedulerCfg
+
+POLICIES = ("static", "round_robin", "least_requests", "kv_aware", "oracle", "oracle_static")
+LATE_BINDING = ("least_requests", "kv_aware", "oracle")
+QUEUED, RUNNING, DONE = "queued", "running", "done"
+OUTCOMES = ("finished", "error", "cancel")
+
+
+class SchedulerError(RuntimeError):
+    """A caller broke the protocol (e.g. released a trajectory twice): a bug, never silently ignored."""
+
+
+class LengthEstimator:
+    """How much KV a running trajectory is expected to hold as it goes on, from recently finished ones.
+
+    For a trajectory at response length l after k turns, its footprint over the next h generated tokens is
+        F(h) = E[min(L, l + h) | L > l, more than k turns]
+    over the reference window of finished trajectories (final response length L, turns). F(inf) - l is the mean
+    residual life: with heavy tails it *grows* with l (a trajectory that has run long is expected to run longer).
+    An engine's expected KV over the coming tokens is the sum of its trajectories' F, and its peak is what
+    kv_aware admits against: trajectories do not all peak at once, so this admits more than summing final
+    lengths, without overflowing. Sparse data: drop the turn condition, then fall back to a prior (a share of
+    the budget). Vectors are on a grid of h (`grid(scale)`), l in bins of the same step.
+
+    `commit()` moves the trajectories finished in the batch just done into the reference window: estimates use
+    whole batches only, because within a batch the first to finish are the short ones (a biased sample)."""
+
+    POINTS = 33
+
+    def __init__(self, window: int = 4096, prior_frac: float = 0.5, min_samples: int = 16):
+        self.window, self.prior_frac, self.min_samples = window, prior_frac, min_samples
+        self._ref: deque[tuple[int, int]] = deque(maxlen=window)
+        self._batch: list[tuple[int, int]] = []
+        self._tables: dict[float, dict] = {}
+
+    def observe(self, final_len: int, turns: int) -> None:
+        self._batch.append((final_len, turns))
+
+    def commit(self) -> None:
+        if self._batch:
+            self._ref.extend(self._batch)
+            self._batch = []
+            self._tables = {}
+
+    @property
+    def samples(self) -> int:
+        return len(self._ref)
+
+    def grid(self, scale: float) -> np.ndarray:
+        """The h grid (tokens ahead) for budgets up to `scale`."""
+        return np.linspace(0.0, float(scale), self.POINTS)
+
+    def footprint(self, length: int, turns: int, budget: int, h: np.ndarray) -> np.ndarray:
+        """Expected response KV tokens after h[j] more tokens, j over the grid (shape [POINTS]), <= budget."""
+        table = self._table(h)
+        step = h[1]
+        b = min(int(length // step), self.POINTS - 1)
+        f = table.get((turns, b))
+        if f is None:
+            f = table.get((None, b))
+        if f is None:  # prior: grows token by token up to the expected length
+            rem = max(self.prior_frac * budget - length, 0.5 * (budget - length), 1.0)
+            f = length + np.minimum(h, rem)
+        return np.minimum(np.maximum(f, length), budget)
+
+    def _table(self, h: np.ndarray) -> dict:
+        """(turns or None, length bin) -> F over the grid, where at least `min_samples` finished ones qualify."""
+        key = float(h[-1])
+        if key not in self._tables:
+            table: dict = {}
+            if self._ref:
+                lens = np.array([x[0] for x in self._ref], dtype=float)
+                turns = np.array([x[1] for x in self._ref])
+                for k in [None, *range(int(turns.max()))]:
+                    sel = lens if k is None else lens[turns > k]
+                    for b in range(self.POINTS):
+                        l0 = b * h[1]
+                        alive = sel[sel > l0]
+                        if len(alive) >= self.min_samples:
+                            table[(k, b)] = np.minimum(alive[:, None], l0 + h[None, :]).mean(axis=0)
+            self._tables = {key: table}
+        return self._tables[key]
+
+
+class TrajQueue:
+    """The global queue of late-binding policies. Trajectories requeued after an engine failure come first.
+
+    FIFO for least_requests. For kv_aware, an approximation of longest-first (what a clairvoyant scheduler does)
+    from what is observable: rollouts of one prompt have correlated lengths (measured: `rollout_sim.icc`), so
+    a queued rollout is ranked by how long its started siblings are so far (mean current length; finished ones at
+    their final length). Each prompt first gets `probes` rollouts started, interleaved over prompts, so that
+    every prompt has siblings to learn from."""
+
+    def __init__(self, by_siblings: bool, probes: int = 2):
+        self.by_siblings, self.probes = by_siblings, probes
+        self._front: deque[int] = deque()
+        self._fifo: deque[int] = deque()
+        self._groups: dict[str, deque[int]] = {}
+        self._started: dict[str, int] = {}
+        self._len_sum: dict[str, float] = {}
+        self._first: dict[str, int] = {}
+        self._heap: list[tuple[tuple, int, str]] = []
+        self._version: dict[str, int] = {}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def push(self, tid: int, group: str) -> None:
+        self._n += 1
+        if not self.by_siblings:
+            self._fifo.append(tid)
+            return
+        self._groups.setdefault(group, deque()).append(tid)
+        self._first.setdefault(group, tid)
+        self._touch(group)
+
+    def push_front(self, tid: int) -> None:
+        self._n += 1
+        self._front.appendleft(tid)
+
+    def peek(self) -> int | None:
+        if self._front:
+            return self._front[0]
+        if not self.by_siblings:
+            return self._fifo[0] if self._fifo else None
+        while self._heap:
+            _, ver, g = self._heap[0]
+            if ver == self._version[g] and self._groups[g]:
+                return self._groups[g][0]
+            heapq.heappop(self._heap)
+        return None
+
+    def pop(self) -> int:
+        tid = self.peek()
+        if tid is None:
+            raise IndexError("pop from an empty queue")
+        self._n -= 1
+        if self._front and self._front[0] == tid:
+            return self._front.popleft()
+        if not self.by_siblings:
+            return self._fifo.popleft()
+        g = self._heap[0][2]
+        self._groups[g].popleft()
+        self._touch(g)
+        return tid
+
+    def remove(self, tid: int, group: str) -> None:
+        for q in (self._front, self._fifo, self._groups.get(group, ())):
+            if tid in q:
+                q.remove(tid)
+                self._n -= 1
+                if self.by_siblings and group in self._groups:
+                    self._touch(group)
+                return
+        raise SchedulerError(f"trajectory {tid} is not queued")
+
+    def started(self, group: str) -> None:
+        if self.by_siblings:
+            self._started[group] = self._started.get(group, 0) + 1
+            self._touch(group)
+
+    def grew(self, group: str, tokens: float) -> None:
+        if self.by_siblings:
+            self._len_sum[group] = self._len_sum.get(group, 0.0) + tokens
+            self._touch(group)
+
+    def _touch(self, g: str) -> None:
+        """Re-rank group g (lazy heap: stale entries are skipped by version)."""
+        self._version[g] = self._version.get(g, 0) + 1
+        if self._groups.get(g):
+            n = self._started.get(g, 0)
+            mean = self._len_sum.get(g, 0.0) / n if n else 0.0
+            key = (n >= self.probes, -mean, n, self._first[g])
+            heapq.heappush(self._heap, (key, self._version[g], g))
+
+
+@dataclass
+class TrajView:
+    """What the scheduler knows of one trajectory."""
+    tid: int
+    group: str
+    prompt_len: int
+    budget: int  # response tokens allowed
+    submitted_at: float
+    known_len: int | None = None  # oracle policies only: the final response length
+    state: str = QUEUED
+    engine: int | None = None
+    response_len: int = 0
+    turns: int = 0
+    footprint: np.ndarray | None = None  # expected response KV over the coming tokens (kv_aware, oracle)
+    queued_at: float = 0.0
+    queue_wait_s: float = 0.0
+    requeues: int = 0
+    outcome: str | None = None
+
+
+@dataclass
+class EngineView:
+    """What the scheduler knows of one engine: KV capacity (tokens), expected load, and vLLM's last stats."""
+    capacity: int
+    factor: float
+    load: np.ndarray  # sum of in-flight footprints, shape [LengthEstimator.POINTS]
+    alive: bool = True
+    prompts: float = 0.0  # prompts of the groups in flight here, once each (shared through the prefix cache)
+    inflight: set[int] = field(default_factory=set)
+    groups: dict[str, int] = field(default_factory=dict)  # group -> trajectories of it in flight here
+    usage: float = 0.0  # fraction of KV blocks in use, as vLLM reports it
+    preemptions_seen: int = 0
+    blocked: bool = False  # admission refused for lack of room since the last adaptation
+    last_adapt: float = float("-inf")
+    dispatched: int = 0
+
+    @property
+    def budget(self) -> float:
+        return self.factor * self.capacity
+
+    @property
+    def peak(self) -> float:
+        """Expected peak KV of what runs here (the max over the coming tokens of the summed footprints)."""
+        return float(self.load.max()) + self.prompts
+
+
+class Scheduler:
+    def __init__(self, capacities: list[int], cfg: SchedulerCfg, policy: str | None = None,
+                 estimator: LengthEstimator | None = None):
+        self.policy = policy or cfg.policy
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        if not capacities or min(capacities) <= 0:
+            raise ValueError(f"every engine needs a positive KV capacity in tokens, got {capacities}")
+        self.cfg = cfg
+        factor = 1.0 if self.policy.startswith("oracle") else cfg.oversubscribe
+        self.engines = [EngineView(int(c), factor, np.zeros(LengthEstimator.POINTS)) for c in capacities]
+        self.estimator = estimator or LengthEstimator(cfg.estimator_window, cfg.prior_frac)
+        self.trajs: dict[int, TrajView] = {}
+        self._queue = TrajQueue(self.policy == "kv_aware", cfg.probes_per_prompt)
+        self._by_len: list[tuple[int, int]] = []  # oracle: (known footprint, tid), sorted
+        self._started = False
+        self._h: np.ndarray | None = None  # the footprint grid, fixed at the first dispatch
+        self.factor_trace: list[tuple[float, int, float]] = []  # (time, engine, factor) after each change
+
+    # ---- trajectories in ------------------------------------------------------------------------------------
+    def submit(self, tid: int, group: str, prompt_len: int, budget: int, now: float,
+               known_len: int | None = None) -> None:
+        if tid in self.trajs:
+            raise SchedulerError(f"trajectory {tid} submitted twice")
+        if budget <= 0:
+            raise ValueError(f"trajectory {tid}: the response budget must be positive, got {budget}")
+        if self.policy.startswith("oracle") and known_len is None:
+            raise ValueError(f"policy {self.policy} needs every trajectory's final length (simulation only)")
+        self.trajs[tid] = TrajView(tid, group, prompt_len, budget, now, known_len, queued_at=now)
+        if self.policy == "oracle":
+            bisect.insort(self._by_len, (prompt_len + known_len, tid))
+        else:
+            self._queue.push(tid, group)
+
+    # ---- placement ------------------------------------------------------------------------------------------
+    def dispatch(self, now: float) -> list[tuple[int, int]]:
+        """(trajectory, engine) pairs to start now, in order. Early-binding policies hand everything out at once."""
+        if not any(e.alive for e in self.engines):
+            if self.queued:
+                raise SchedulerError("no engine left alive, trajectories are still queued")
+            return []
+        if self._h is None:
+            self._h = self.estimator.grid(max((t.budget for t in self.trajs.values()), default=1))
+        if self.policy in LATE_BINDING:
+            picks = {"least_requests": self._pick_least_requests, "kv_aware": self._pick_kv,
+                     "oracle": self._pick_oracle}[self.policy]()
+        else:
+            picks = self._early_binding()
+        for tid, _ in picks:
+            tv = self.trajs[tid]
+            tv.queue_wait_s += now - tv.queued_at
+        return picks
+
+    def _early_binding(self) -> list[tuple[int, int]]:
+        """static / round_robin / oracle_static: assign the whole queue up front. Requeued trajectories (after an
+        engine failure) go to the live engine with the fewest in flight."""
+        alive = [i for i, e in enumerate(self.engines) if e.alive]
+        picks: list[tuple[int, int]] = []
+        if not self._started:
+            self._started = True
+            ids = [self._queue.pop() for _ in range(len(self._queue))]
+            if self.policy == "static":  # contiguous blocks of whole prompts (groups in submission order)
+                groups = list(dict.fromkeys(self.trajs[t].group for t in ids))
+                block = {g: alive[i * len(alive) // len(groups)] for i, g in enumerate(groups)}
+                picks = [(t, block[self.trajs[t].group]) for t in ids]
+            elif self.policy == "round_robin":
+                picks = [(t, alive[i % len(alive)]) for i, t in enumerate(ids)]
+            else:  # oracle_static: LPT on the known work, longest first on each engine
+                load = [(0, e) for e in alive]
+                for t in sorted(ids, key=lambda t: -self.trajs[t].known_len):
+                    w, e = heapq.heappop(load)
+                    picks.append((t, e))
+                    heapq.heappush(load, (w + self.trajs[t].known_len, e))
+        for tid, e in picks:
+            self._start(self.trajs[tid], e)
+        while self._queue:
+            e = min(alive, key=lambda i: len(self.engines[i].inflight))
+            picks.append((self._queue.pop(), e))
+            self._start(self.trajs[picks[-1][0]], e)
+        return picks
+
+    def _pick_least_requests(self) -> list[tuple[int, int]]:
+        picks = []
+        while self._queue and (e := self._open(key=lambda v: -len(v.inflight))) is not None:
+            picks.append((self._queue.pop(), e))
+            self._start(self.trajs[picks[-1][0]], e)
+        return picks
+
+    def _pick_kv(self) -> list[tuple[int, int]]:
+        """Queue head to an engine where its expected footprint fits the budget: the one with the fewest of its
+        siblings (spreading a prompt's correlated rollouts is most of the gain over a prompt-grouped split), then
+        the most headroom. None fits: wait for a release, unless an engine is idle (a footprint larger than a
+        whole budget must not deadlock)."""
+        picks = []
+        while self._queue:
+            tv = self.trajs[self._queue.peek()]
+            fp = self._footprint(tv)
+            best, best_key = None, None
+            for i, v in enumerate(self.engines):
+                if not v.alive or len(v.inflight) >= self.cfg.max_inflight:
+                    continue
+                room = v.budget - self._peak_with(v, tv, fp)
+                if room < 0 and v.inflight:
+                    v.blocked = True
+                    continue
+                key = (-v.groups.get(tv.group, 0), room)
+                if best is None or key > best_key:
+                    best, best_key = i, key
+            if best is None:
+                break
+            self._queue.pop()
+            picks.append((tv.tid, best))
+            self._start(tv, best, fp)
+        return picks
+
+    def _pick_oracle(self) -> list[tuple[int, int]]:
+        """Longest known footprint that fits the engine with the most room; none fits: wait for a release."""
+        picks = []
+        while self._by_len:
+            e = self._open(key=lambda v: v.budget - v.peak)
+            if e is None:
+                break
+            v = self.engines[e]
+            i = bisect.bisect_right(self._by_len, (v.budget - v.peak, float("inf"))) - 1
+            if i < 0:
+                if v.inflight:
+                    break
+                i = 0  # nothing fits even an idle engine: run the shortest alone
+            _, tid = self._by_len.pop(i)
+            picks.append((tid, e))
+            self._start(self.trajs[tid], e)
+        return picks
+
+    def _open(self, key) -> int | None:
+        """The live engine with room for one more trajectory that maximises key(engine view)."""
+        best, best_key = None, None
+        for i, v in enumerate(self.engines):
+            if v.alive and len(v.inflight) < self.cfg.max_inflight:
+                k = key(v)
+                if best is None or k > best_key:
+                    best, best_key = i, k
+        return best
+
+    def _footprint(self, tv: TrajView) -> np.ndarray | None:
+        if self.policy == "oracle":
+            return np.full(LengthEstimator.POINTS, float(tv.known_len))
+        if self.policy != "kv_aware":
+            return None
+        return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h)
+
+    @staticmethod
+    def _charge(v: EngineView, tv: TrajView) -> int:
+        """The prompt's KV is shared by all rollouts of a prompt on one engine (vLLM's prefix cache): charged once."""
+        return 0 if v.groups.get(tv.group) else tv.prompt_len
+
+    @classmethod
+    def _peak_with(cls, v: EngineView, tv: TrajView, fp: np.ndarray) -> float:
+        return float((v.load + fp).max()) + v.prompts + cls._charge(v, tv)
+
+    def _start(self, tv: TrajView, e: int, fp: np.ndarray | None = None) -> None:
+        if tv.state != QUEUED:
+            raise SchedulerError(f"trajectory {tv.tid} is {tv.state}, cannot start")
+        v = self.engines[e]
+        tv.state, tv.engine = RUNNING, e
+        tv.footprint = fp if fp is not None else self._footprint(tv)
+        if tv.footprint is not None:
+            v.load = v.load + tv.footprint
+        v.prompts += self._charge(v, tv)
+        v.groups[tv.group] = v.groups.get(tv.group, 0) + 1
+        v.inflight.add(tv.tid)
+        v.dispatched += 1
+        if not tv.requeues:
+            self._queue.started(tv.group)
+
+    # ---- progress and stats ---------------------------------------------------------------------------------
+    def progress(self, tid: int, response_len: int, turns: int) -> None:
+        """After a turn: the trajectory's response so far (tool tokens included) and its turns; re-estimates."""
+        tv = self._running(tid)
+        self._queue.grew(tv.group, response_len - tv.response_len)
+        tv.response_len, tv.turns = response_len, turns
+        if self.policy == "kv_aware":
+            v = self.engines[tv.engine]
+            new = self._footprint(tv)
+            v.load = v.load + (new - tv.footprint)
+            tv.footprint = new
+
+    def observe_engine(self, e: int, now: float, usage: float, preemptions_total: int) -> None:
+        """vLLM's own stats for engine e: KV usage (fraction of blocks in use) and cumulative preemptions.
+
+        kv_aware adapts the engine's factor (multiplicatively, at most once per `adapt_interval_s`): it shrinks
+        after a preemption or above `usage_high`; it grows while usage stays below `usage_low`, admission is
+        blocked, and what runs already holds at least `grow_when_realized` of its expected peak. That last guard
+        matters: right after admission every trajectory is short, so low usage says nothing yet."""
+        v = self.engines[e]
+        v.usage = usage
+        preempted = preemptions_total > v.preemptions_seen
+        v.preemptions_seen = max(v.preemptions_seen, preemptions_total)
+        if self.policy != "kv_aware" or now - v.last_adapt < self.cfg.adapt_interval_s:
+            return
+        c = self.cfg
+        if preempted or usage > c.usage_high:
+            v.factor = max(c.oversubscribe_min, v.factor * 0.85)
+        elif usage < c.usage_low and v.blocked and usage * v.capacity >= c.grow_when_realized * v.peak:
+            v.factor = min(c.oversubscribe_max, v.factor * 1.1)
+        else:
+            return
+        v.blocked, v.last_adapt = False, now
+        self.factor_trace.append((now, e, v.factor))
+
+    # ---- trajectories out -----------------------------------------------------------------------------------
+    def release(self, tid: int, outcome: str, now: float) -> None:
+        """A trajectory ends: finished, error (its own) or cancel. Exactly once; a second release is a bug."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        tv = self.trajs.get(tid)
+        if tv is None:
+            raise SchedulerError(f"trajectory {tid} was never submitted")
+        if tv.state == DONE:
+            raise SchedulerError(f"trajectory {tid} released twice (was {tv.outcome}, now {outcome})")
+        if tv.state == RUNNING:
+            self._unplace(tv)
+        elif self.policy == "oracle":
+            self._by_len.remove((tv.prompt_len + tv.known_len, tid))
+        else:
+            self._queue.remove(tid, tv.group)
+        tv.state, tv.outcome = DONE, outcome
+        if outcome == "finished":
+            self.estimator.observe(tv.response_len, tv.turns)
+
+    def engine_failed(self, e: int, now: float) -> list[int]:
+        """Engine e died or hangs: it takes no more work, and its trajectories go back to the front of the queue
+        (they resume from their last completed turn on another engine). Returns them."""
+        v = self.engines[e]
+        v.alive = False
+        back = sorted(v.inflight)
+        for tid in reversed(back):
+            tv = self.trajs[tid]
+            self._unplace(tv)
+            tv.state, tv.queued_at, tv.requeues = QUEUED, now, tv.requeues + 1
+            if self.policy == "oracle":
+                bisect.insort(self._by_len, (tv.prompt_len + tv.known_len, tid))
+            else:
+                self._queue.push_front(tid)
+        if not any(w.alive for w in self.engines) and back:
+            raise SchedulerError(f"engine {e} failed and no engine is left for its {len(back)} trajectories")
+        return back
+
+    def _unplace(self, tv: TrajView) -> None:
+        v = self.engines[tv.engine]
+        v.inflight.discard(tv.tid)
+        v.groups[tv.group] -= 1
+        if not v.groups[tv.group]:
+            del v.groups[tv.group]
+            v.prompts -= tv.prompt_len
+        if tv.footprint is not None:
+            v.load = v.load - tv.footprint
+        if not v.inflight:  # no float drift on an empty engine
+            v.load, v.prompts = np.zeros_like(v.load), 0.0
+        tv.footprint, tv.engine = None, None
+
+    def _running(self, tid: int) -> TrajView:
+        tv = self.trajs.get(tid)
+        if tv is None or tv.state != RUNNING:
+            raise SchedulerError(f"trajectory {tid} is not running ({tv.state if tv else 'unknown'})")
+        return tv
+
+    # ---- summaries ------------------------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return len(self._queue) + len(self._by_len)
+
+    @property
+    def done(self) -> bool:
+        return all(t.state == DONE for t in self.trajs.values())
+
+    def summary(self) -> dict:
+        waits = np.array([t.queue_wait_s for t in self.trajs.values()]) if self.trajs else np.zeros(1)
+        return {"policy": self.policy, "queue_wait_mean_s": float(waits.mean()),
+                "queue_wait_p95_s": float(np.quantile(waits, 0.95)),
+                "requeued": int(sum(t.requeues for t in self.trajs.values())),
+                "dispatched_per_engine": [v.dispatched for v in self.engines],
+                "factor_final": [round(v.factor, 3) for v in self.engines],
+                "estimator_samples": self.estimator.samples}
