@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rstar2 import env
+from rstar2 import bench_trainer, env
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = Console()
@@ -164,6 +164,7 @@ app.add_typer(sandbox_app, name="sandbox")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
 app.add_typer(bench_app, name="bench")
 bench_app.command("sandbox")(bench_sandbox.main)
+bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
 
 
 @bench_app.command("rollout")

@@ -13,6 +13,7 @@ import ray
 from rstar2.config import RunCfg
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.trainer import PolicyTrainer
+from rstar2.trainer_group import TrainerGroup
 
 NAMESPACE = "rstar2"
 _HANDLES: dict[str, object] = {}  # a non-detached actor lives while the driver holds a handle to it
@@ -57,7 +58,9 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
     if not with_trainer:
         trainer_name = None
     elif not _alive(trainer_name):
-        _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpu)(PolicyTrainer).options(
+        # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
+        cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, gpu)
+        _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(
             name=trainer_name).remote(model_dir, cfg.trainer, cfg.seed, threads)
     for name in engine_names + ([trainer_name] if trainer_name else []):
         ray.get(get(name).__ray_ready__.remote())

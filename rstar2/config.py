@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -89,22 +89,37 @@ class RoCCfg(_Cfg):
 
 
 class TrainerCfg(_Cfg):
+    """GRPO-RoC update (rstar2/trainer.py). Paper values: lr 1e-6, 20 warm-up steps, clip 0.2/0.28, no KL/entropy."""
     lr: float = 1e-6
-    warmup_steps: int = 20
+    warmup_steps: int = 20  # linear warm-up, then constant
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eps_low: float = 0.2
     eps_high: float = 0.28
-    dual_clip: float | None = None
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    dual_clip: float | None = None  # verl's clip_ratio_c (3.0 in the release); the paper has none
+    kl_coef: float = 0.0  # > 0 keeps a frozen reference policy (the starting weights)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0  # > 0 adds an entropy bonus (and logs the entropy)
     overlong_filter: bool = False  # mask truncated rollouts out of the loss (DAPO); the paper keeps them at reward 0
-    mini_batches: int = 1  # optimizer steps per RL step (paper: 1, strictly on-policy)
-    micro_batch_tokens: int = 8192
+    old_logprobs: Literal["recompute", "engine"] = "recompute"  # π_old: the trainer's own, or the engine's sampling ones
+    tis_cap: float | None = None  # truncated importance sampling min(π_old/π_engine, C) (needs engine log-probs)
+    mini_batches: int = Field(1, ge=1)  # optimizer steps per RL step (paper: 1, strictly on-policy)
+    micro_batch_tokens: int = Field(8192, ge=1)  # tokens per forward/backward (gradient accumulation over them)
+    layout: Literal["bucket", "pack"] = "bucket"  # length-sorted padded micro-batches, or packed rows (varlen)
+    share_prompts: bool = True  # pack: a group's rollouts store (and compute) their common prompt once
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "auto"
     backend: Literal["torch", "deepspeed"] = "torch"
-    zero_stage: int = 2
+    zero_stage: Literal[2, 3] = 2
+    world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each); > 1 needs backend=deepspeed
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerCfg":
+        if self.world_size > 1 and self.backend != "deepspeed":
+            raise ValueError("trainer.world_size > 1 needs trainer.backend=deepspeed (the torch backend is one process)")
+        if self.tis_cap is not None and self.tis_cap < 1:
+            raise ValueError(f"trainer.tis_cap must be >= 1 (a cap on an importance weight), got {self.tis_cap}")
+        return self
 
 
 class EngineCfg(_Cfg):

@@ -10,9 +10,16 @@ available but off unless asked for; tokens are only the model's own (mask 0 on p
 The 1/Σ|o_i| normaliser is over the whole batch: pass `num_tokens` = the global count so that summing
 micro-batch losses under gradient accumulation reproduces Eq. 6 exactly (verl's per-micro-batch mean
 rescaled by a nominal batch size does not).
+
+Shapes: the trainer passes flat token vectors (N,) (only the loss tokens are ever computed); tests also use
+padded (B, T) grids. `advantages` is per sequence (B,) for a grid, or already per token (same shape as logp).
+Off-recipe options: `is_weight` = a truncated importance weight min(π_old/π_engine, C) per token (Yao et al.
+2025, "TIS") for rollouts sampled by an engine whose numerics differ from the trainer's; KL and entropy below.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +47,11 @@ def masked_token_mean(x: Tensor, mask: Tensor, num_tokens: float | Tensor | None
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float = 0.2,
-                eps_high: float = 0.28, dual_clip: float | None = None,
-                num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                eps_high: float = 0.28, dual_clip: float | None = None, num_tokens: float | Tensor | None = None,
+                is_weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """-J of Eq. 6 (scalar) and detached stats (masked means over this micro-batch's tokens)."""
-    m = mask.bool()                                                             # (B, T)
-    a = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages       # (B, 1) broadcast over tokens
+    m = mask.bool()                                                             # (B, T) or (N,)
+    a = advantages if advantages.shape == logp.shape else advantages.unsqueeze(-1)  # broadcast over tokens
     # where() (not a multiply) so garbage log-probs on padding (-inf, NaN) cannot leak into values or grads.
     log_ratio = torch.where(m, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # (B, T)
     ratio = log_ratio.exp()                                                     # (B, T)
@@ -54,6 +61,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     if dual_clip is not None:
         # For A < 0 a huge ratio makes -A·r unbounded; cap it at -A·c (verl clip_ratio_c).
         loss_tok = torch.where(a < 0, torch.minimum(loss_tok, -a * dual_clip), loss_tok)
+    if is_weight is not None:
+        loss_tok = loss_tok * is_weight.detach()                                # a constant weight: no gradient
     loss = masked_token_mean(loss_tok, m, num_tokens)
 
     with torch.no_grad():
@@ -67,6 +76,11 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         if dual_clip is not None:
             stats["dual_clip_frac"] = masked_token_mean(((a < 0) & (ratio > dual_clip)).float(), m)
     return loss, stats
+
+
+def truncated_is_weight(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
+    """min(π_old / π_engine, C) per token (TIS): corrects for the sampler's numerics differing from the trainer's."""
+    return torch.minimum(old_logp - engine_logp, torch.full_like(old_logp, math.log(cap))).exp()
 
 
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:

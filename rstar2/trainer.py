@@ -1,127 +1,329 @@
-"""The policy trainer (plain torch; one CPU or one GPU). Wrapped as a Ray actor by rstar2.cluster.
+"""The policy trainer: GRPO-RoC updates (rstar2/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/cluster.py):
+one for the plain-torch backend (CPU or one GPU), one per GPU rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py).
 
-One RL step = GRPO advantages over the RoC-kept rollouts, then `mini_batches` optimizer steps (paper: 1, strictly
-on-policy) of the clipped token-mean loss (rstar2/grpo.py), each accumulated over token-budgeted micro-batches so no
-compute goes to padding beyond a micro-batch's own longest sequence.
+One RL step (paper §2.2.3; implementation notes §3, §12.4):
+  1. advantages per prompt over the kept rollouts (Eq. 7);
+  2. `mini_batches` optimizer steps (paper: 1, strictly on-policy), each accumulating gradients over micro-batches of
+     at most `micro_batch_tokens` tokens (rstar2/batching.py: no compute on padding, LM head on loss tokens only);
+  3. grad-clip 1.0, AdamW with a linear warm-up then a constant lr (paper: 1e-6, 20 steps).
+
+Old log-probs. "recompute" (default, as verl): the trainer's own log-probs under the pre-update weights. With one
+optimizer step per RL step they are the log-probs of the gradient forward itself (same weights, same micro-batch), so
+they are taken from it, detached, instead of running the same forward twice; with several mini-batches a no-grad
+pass computes them before the first step. "engine": the rollout engine's sampling log-probs (column
+`response_logprobs`), so the PPO ratio π_θ/π_engine is the importance weight of the off-policy samples (no recompute
+pass). `tis_cap` adds truncated importance sampling, min(π_old/π_engine, C) per token, on top of "recompute".
+
+Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
+checkpoint directory; `load_state` of it followed by one more update reproduces the uninterrupted run bit for bit (CPU).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import torch
-from transformers import AutoModelForCausalLM
 
 from rstar2 import checkpoint, device as dev, grpo
-from rstar2.batching import next_token_logprobs, pad_right, token_budget_batches
+from rstar2.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
 from rstar2.config import TrainerCfg
 from rstar2.world.tokenizer import load as load_tokenizer
 
+STATE_FILE = "trainer_state.pt"
+
+
+def warmup_lambda(warmup_steps: int):
+    """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant (paper: 20 steps)."""
+    return lambda s: min(1.0, (s + 1) / max(1, warmup_steps))
+
+
+def _adamw(params, c: TrainerCfg, device: torch.device) -> torch.optim.AdamW:
+    # fused: one kernel per step on CPU and CUDA (the same math as the for-loop version)
+    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=device.type in ("cpu", "cuda"))
+
+
+class TorchBackend:
+    """Plain torch: fp32 master weights, bf16 autocast where configured, AdamW + warm-up, grad-clip."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device):
+        self.module, self.cfg, self.device = model, cfg, device
+        self.reset_optimizer()
+
+    def reset_optimizer(self) -> None:
+        self.opt = _adamw(self.module.parameters(), self.cfg, self.device)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_lambda(self.cfg.warmup_steps))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        gn = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(gn)
+
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+
+    def load_state_dict(self, sd: dict, ckpt_dir: Path) -> None:
+        _load_hf_weights(self.module, ckpt_dir)
+        self.opt.load_state_dict(sd["optimizer"])
+        self.sched.load_state_dict(sd["scheduler"])
+
+    def write(self, tmp: Path, rank: int) -> None:
+        self.module.save_pretrained(str(tmp), safe_serialization=True)
+
+
+def _load_hf_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
+    """Weights from a save_pretrained directory into the live model (the optimizer keeps its parameter objects)."""
+    from safetensors.torch import load_file
+
+    index = ckpt_dir / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    sd = {k: v for f in files for k, v in load_file(str(ckpt_dir / f)).items()}
+    res = model.load_state_dict(sd, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
+    if res.unexpected_keys or set(res.missing_keys) - tied:
+        raise ValueError(f"{ckpt_dir}: weights do not match the model (missing {res.missing_keys}, "
+                         f"unexpected {res.unexpected_keys})")
+
 
 class PolicyTrainer:
-    def __init__(self, model_dir: str, cfg: TrainerCfg, seed: int = 0, threads: int | None = None):
+    def __init__(self, model_dir: str, cfg: TrainerCfg, seed: int = 0, threads: int | None = None,
+                 rank: int = 0, world_size: int = 1, master: tuple[str, int] | None = None):
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.cfg, self.seed = cfg, seed
+        self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.device = dev.pick(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        self.rng = random.Random(seed)
-        self.step = 0  # optimizer steps taken
-        self._new_optimizer()
+        model = _load_model(model_dir, self.device)
+        if cfg.layout == "pack":
+            use_varlen_attention(model)
+        # KL needs a frozen reference policy: the weights this trainer started from
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
+        if cfg.backend == "deepspeed":
+            from rstar2.deepspeed_backend import DeepSpeedBackend
 
-    def _new_optimizer(self) -> None:
-        c = self.cfg
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-        # constant lr after a linear warm-up (paper: 1e-6, 20 steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, c.warmup_steps)))
+            self.backend = DeepSpeedBackend(model, cfg, self.device, rank, world_size, master)
+        else:
+            if world_size != 1:
+                raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
+            self.backend = TorchBackend(model, cfg, self.device)
+        self.rng = random.Random(seed)  # mini-batch shuffles: identical on every rank
+        self.step = 0  # optimizer steps taken
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.backend.module
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state and warm-up, as the recipe does between stages."""
-        self._new_optimizer()
+        self.backend.reset_optimizer()
 
-    def _rows(self, df: pl.DataFrame) -> list[tuple[list[int], list[int]]]:
-        seqs = []
-        for prompt, resp, mask, trunc in df.select("prompt_ids", "response_ids", "loss_mask", "truncated").rows():
-            keep = 0 if (trunc and self.cfg.overlong_filter) else 1
-            seqs.append((list(prompt) + list(resp), [0] * len(prompt) + [m * keep for m in mask]))
-        return seqs
-
-    def _logprobs(self, ids: list[list[int]], grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        x = pad_right(ids, self.tokenizer.pad_token_id).to(self.device)  # (B, T)
-        attn = pad_right([[1] * len(s) for s in ids], 0).to(self.device)  # (B, T)
-        with torch.set_grad_enabled(grad), dev.autocast(self.device, self.cfg.dtype):
-            return next_token_logprobs(self.model, x, attn), attn  # (B, T-1)
-
+    # ------------------------------------------------------------------ update
     def update(self, batch_parquet: str) -> dict:
         """One RL step on the kept rollouts (columns: problem_id, reward, prompt_ids, response_ids, loss_mask,
-        truncated). Returns scalar metrics."""
+        truncated; response_logprobs when the config uses engine log-probs). Returns scalar metrics."""
         t0 = time.perf_counter()
+        dev.reset_peak_memory(self.device)
         df = pl.read_parquet(batch_parquet)
         if df.height == 0:
             return {"skipped": 1.0, "update_s": 0.0, "update_tokens": 0}  # every group was all-equal: no signal
-        c = self.cfg
-        gid = torch.as_tensor(df["problem_id"].cast(pl.Categorical).to_physical().to_list())
-        adv = grpo.group_advantages(torch.as_tensor(df["reward"].to_list(), dtype=torch.float32), gid)  # (N,)
-        seqs = self._rows(df)
-        lengths = [len(s) for s, _ in seqs]
-        order = list(range(len(seqs)))
+        b = _Batch.from_frame(df, self.cfg)
+        c, n = self.cfg, df.height
+        order = list(range(n))
         self.rng.shuffle(order)
-        minis = [order[i:: c.mini_batches] for i in range(c.mini_batches)]
-        old: dict[int, torch.Tensor] = {}
-        if c.mini_batches > 1:  # later mini-batches need the behaviour policy's log-probs, fixed before any update
-            for mb in token_budget_batches(lengths, c.micro_batch_tokens):
-                lp, _ = self._logprobs([seqs[i][0] for i in mb], grad=False)
-                old.update({i: lp[r, : lengths[i] - 1] for r, i in enumerate(mb)})
+        minis = [m for m in (order[i:: c.mini_batches] for i in range(c.mini_batches)) if m]
+        if c.old_logprobs == "recompute" and len(minis) > 1:
+            b.old = self._recompute_old(b)
+        acc = _Stats()
         self.model.train()
-        stats: dict[str, float] = {}
-        tokens = 0
         for mini in minis:
-            n_tok = sum(sum(seqs[i][1][1:]) for i in mini)  # Eq. 6 normaliser: all loss tokens of the mini-batch
-            self.opt.zero_grad(set_to_none=True)
-            for mb in token_budget_batches([lengths[i] for i in mini], c.micro_batch_tokens):
-                idx = [mini[j] for j in mb]
-                logp, attn = self._logprobs([seqs[i][0] for i in idx], grad=True)  # (B, T-1)
-                mask = pad_right([seqs[i][1][1:] for i in idx], 0).to(logp.device).float()  # (B, T-1)
-                old_lp = (pad_right([old[i].tolist() for i in idx], 0.0, torch.float32).to(logp.device)
-                          if old else logp.detach())
-                loss, st = grpo.policy_loss(logp, old_lp, adv[idx].to(logp.device), mask, c.eps_low, c.eps_high,
-                                            c.dual_clip, num_tokens=max(1, n_tok))
-                loss.backward()
-                tokens += int(attn.sum())
-                for k, v in {"loss": loss, **st}.items():
-                    stats[k] = stats.get(k, 0.0) + float(v.detach()) * (float(mask.sum()) / max(1, n_tok) if k != "loss" else 1)
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-            self.opt.step()
-            self.sched.step()
+            n_tok = int(b.n_loss[mini].sum())  # Eq. 6 normaliser: every loss token of the mini-batch, all ranks
+            if n_tok == 0:
+                continue  # e.g. the overlong filter masked every rollout
+            mine = [mini[j] for j in shard(b.lengths[mini].tolist(), self.world, self.rank)]
+            weight = float(self.world)  # ranks' gradients are averaged: undo it so the sum is Eq. 6
+            if not mine:  # more ranks than sequences: run one with zero weight so every rank joins the reduction
+                mine, weight = mini[:1], 0.0
+            for idx in self._plan(b, mine):
+                mb = self._collate(b, idx)
+                acc.fed += mb.fed_tokens
+                acc.real += mb.real_tokens
+                loss, st, n_mb = self._micro_loss(b, mb.to(self.device), n_tok)
+                self.backend.backward(loss * weight)
+                acc.add(loss, st, n_mb, n_tok, weight > 0)
+            acc.grad_norm = self.backend.step()
             self.step += 1
-            stats["grad_norm"] = float(gn)
         wall = time.perf_counter() - t0
-        return {**{k: v / len(minis) if k not in ("grad_norm",) else v for k, v in stats.items()},
-                "lr": self.sched.get_last_lr()[0], "update_tokens": tokens, "update_s": wall,
-                "update_tokens_per_s": tokens / wall, "advantage_abs_mean": float(adv.abs().mean())}
+        return acc.metrics(len(minis), wall, self.backend.lr(), float(b.adv.abs().mean()),
+                           dev.peak_memory_mb(self.device))
+
+    def _plan(self, b: "_Batch", idx: list[int]) -> list[list[int]]:
+        lens = b.lengths[idx].tolist()
+        if self.cfg.layout == "pack":
+            shared = self.cfg.share_prompts
+            plan = pack_rows(lens, self.cfg.micro_batch_tokens, [b.prompt_lens[i] for i in idx] if shared else None,
+                             [b.groups[i] for i in idx] if shared else None)
+        else:
+            plan = token_budget_batches(lens, self.cfg.micro_batch_tokens)
+        return [[idx[j] for j in p] for p in plan]
+
+    def _collate(self, b: "_Batch", idx: list[int]):
+        pack = self.cfg.layout == "pack"
+        return collate(b.ids, b.mask, idx, self.tokenizer.pad_token_id, pack,
+                       b.prompt_lens if pack and self.cfg.share_prompts else None)
+
+    def _micro_loss(self, b: "_Batch", mb, n_tok: int):
+        c = self.cfg
+        with dev.autocast(self.device, c.dtype):
+            logp, ent = loss_token_logprobs(self.model, mb, with_entropy=c.entropy_coef > 0)      # (N,)
+        flat = b.offsets[mb.seq] + mb.tok                                                            # (N,) into b.*_flat
+        adv = b.adv[mb.seq].to(self.device)                                                          # (N,)
+        engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
+        old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
+        is_w = grpo.truncated_is_weight(old, engine, c.tis_cap) if c.tis_cap else None
+        if c.old_logprobs == "engine":
+            old = engine
+        ones = torch.ones_like(logp)
+        loss, st = grpo.policy_loss(logp, old, adv, ones, c.eps_low, c.eps_high, c.dual_clip, n_tok, is_w)
+        if c.kl_coef:
+            with torch.no_grad(), dev.autocast(self.device, c.dtype):
+                ref, _ = loss_token_logprobs(self.ref, mb)
+            kl = grpo.kl_penalty(logp, ref, ones, c.kl_estimator, n_tok)
+            loss, st["kl"] = loss + c.kl_coef * kl, kl.detach() * n_tok / logp.numel()
+        if ent is not None:
+            loss = loss - c.entropy_coef * ent.sum() / n_tok
+            st["entropy"] = ent.detach().mean()
+        return loss, st, logp.numel()
+
+    @torch.no_grad()
+    def _recompute_old(self, b: "_Batch") -> torch.Tensor:
+        """π_old for every loss token, before any weight changes (needed when one RL step takes several steps)."""
+        old = torch.zeros_like(b.mask_flat, dtype=torch.float32)                                     # (Σ L,)
+        self.model.eval()
+        for idx in self._plan(b, list(range(len(b.ids)))):
+            mb = self._collate(b, idx)
+            with dev.autocast(self.device, self.cfg.dtype):
+                lp, _ = loss_token_logprobs(self.model, mb.to(self.device))
+            old[b.offsets[mb.seq] + mb.tok] = lp.float().cpu()
+        return old
+
+    # ------------------------------------------------------------------ checkpoints
+    def write_state(self, tmp: str, meta: dict) -> None:
+        """Write this rank's part of a checkpoint into `tmp` (the caller commits the directory)."""
+        tmp = Path(tmp)
+        self.backend.write(tmp, self.rank)
+        if self.rank == 0:
+            self.tokenizer.save_pretrained(str(tmp))
+            state = {"backend": self.backend.state_dict(), "rng": _rng_state(), "trainer_rng": self.rng.getstate(),
+                     "step": self.step, "meta": meta}
+            torch.save(state, tmp / STATE_FILE)
 
     def save(self, ckpt_dir: str, meta: dict) -> str:
-        """Commit model + tokenizer (HF format, loadable by vLLM) and the optimizer/LR/RNG state, atomically."""
-        def write(tmp: Path) -> None:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-            self.tokenizer.save_pretrained(str(tmp))
-            torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                        "torch_rng": torch.get_rng_state(), "py_rng": self.rng.getstate(), "step": self.step},
-                       tmp / "trainer_state.pt")
-            (tmp / "trainer_meta.json").write_text(json.dumps({"optimizer_step": self.step, **meta}))
-        return str(checkpoint.commit(Path(ckpt_dir), write, {"optimizer_step": self.step, **meta}))
+        """Commit weights (HF format, loadable by vLLM), tokenizer, optimizer, LR schedule, RNGs and step at once."""
+        full = {"optimizer_step": self.step, **meta}
+        return str(checkpoint.commit(Path(ckpt_dir), lambda tmp: self.write_state(str(tmp), full), full))
 
-    def load_state(self, ckpt_dir: str) -> None:
-        """Resume optimizer, LR schedule and RNG state from a committed checkpoint (weights come with __init__)."""
-        state = torch.load(Path(ckpt_dir) / "trainer_state.pt", weights_only=False)
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        self.rng.setstate(state["py_rng"])
+    def load_state(self, ckpt_dir: str) -> dict:
+        """Resume everything from a committed checkpoint: weights, optimizer, LR schedule, RNGs, step.
+        Returns the checkpoint's meta (stage, step, global_step: the data position)."""
+        meta = checkpoint.manifest(Path(ckpt_dir))  # refuses an uncommitted directory
+        state = torch.load(Path(ckpt_dir) / STATE_FILE, weights_only=False)
+        self.backend.load_state_dict(state["backend"], Path(ckpt_dir))
+        _set_rng_state(state["rng"])
+        self.rng.setstate(state["trainer_rng"])
         self.step = state["step"]
+        return meta
+
+
+def _load_model(model_dir: str, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    # fp32 master weights; bf16 is autocast (torch backend) or DeepSpeed's own mixed precision
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+class _Batch:
+    """The kept rollouts as the trainer needs them. Per-token side inputs are flat over all sequences (Σ L,),
+    addressed by offsets[seq] + position."""
+
+    def __init__(self, ids, mask, adv, engine, prompt_lens, groups):
+        self.ids, self.mask = ids, mask                                          # lists of (L_i,) lists
+        self.prompt_lens, self.groups = prompt_lens, groups                      # (n,) lists: prompt length, prompt id
+        self.lengths = torch.tensor([len(s) for s in ids])                       # (n,)
+        self.n_loss = torch.tensor([sum(m[1:]) for m in mask])                   # (n,) tokens that get gradient
+        self.offsets = torch.cumsum(self.lengths, 0) - self.lengths              # (n,)
+        self.mask_flat = torch.tensor([t for m in mask for t in m])              # (Σ L,)
+        self.adv = adv                                                           # (n,)
+        self.engine = engine                                                     # (Σ L,) or None
+        self.old: torch.Tensor | None = None                                     # (Σ L,) when recomputed
+
+    @classmethod
+    def from_frame(cls, df: pl.DataFrame, c: TrainerCfg) -> "_Batch":
+        need_engine = c.old_logprobs == "engine" or c.tis_cap is not None
+        if need_engine and "response_logprobs" not in df.columns:
+            raise ValueError("trainer.old_logprobs=engine / trainer.tis_cap need the rollout engine's log-probs "
+                             "(column response_logprobs); this batch has none")
+        gid = torch.as_tensor(df["problem_id"].cast(pl.Utf8).cast(pl.Categorical).to_physical().to_list())
+        adv = grpo.group_advantages(torch.as_tensor(df["reward"].to_list(), dtype=torch.float32), gid)   # (n,)
+        ids, mask, eng, plen = [], [], [], []
+        cols = ["prompt_ids", "response_ids", "loss_mask", "truncated"] + (["response_logprobs"] if need_engine else [])
+        for prompt, resp, lm, trunc, *lp in df.select(cols).rows():
+            plen.append(len(prompt))
+            keep = 0 if (trunc and c.overlong_filter) else 1  # DAPO overlong filter (ablation; paper keeps them)
+            ids.append(list(prompt) + list(resp))
+            mask.append([0] * len(prompt) + [int(m) * keep for m in lm])
+            if need_engine:
+                eng += [0.0] * len(prompt) + list(lp[0])
+        return cls(ids, mask, adv, torch.tensor(eng, dtype=torch.float32) if need_engine else None, plen,
+                   df["problem_id"].cast(pl.Utf8).to_list())
+
+
+class _Stats:
+    """Token-weighted running metrics of one update (per-token stats are means over this rank's loss tokens)."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.loss, self.tokens, self.fed, self.real, self.grad_norm = 0.0, 0, 0, 0, 0.0
+
+    def add(self, loss, st: dict, n_mb: int, n_tok: int, counts: bool) -> None:
+        if not counts:
+            return
+        self.loss += float(loss.detach())
+        self.tokens += n_mb
+        for k, v in st.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n_mb
+
+    def metrics(self, n_minis: int, wall: float, lr: float, adv_abs: float, peak_mb: float) -> dict:
+        t = max(1, self.tokens)
+        return {"loss": self.loss / max(1, n_minis), **{k: v / t for k, v in self.sums.items()},
+                "grad_norm": self.grad_norm, "lr": lr, "advantage_abs_mean": adv_abs,
+                "update_tokens": self.real, "update_loss_tokens": self.tokens, "update_fed_tokens": self.fed,
+                "fed_per_token": self.fed / max(1, self.real), "update_s": wall,
+                "update_tokens_per_s": self.real / wall, "update_loss_tokens_per_s": self.tokens / wall,
+                "update_peak_mem_mb": peak_mb}

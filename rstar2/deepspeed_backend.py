@@ -1,0 +1,106 @@
+"""DeepSpeed ZeRO-2/3 backend of rstar2.trainer: one process per GPU rank (Ray actors, rstar2/trainer_group.py).
+
+deepspeed is optional (`pip install .[cuda]`); without it, asking for this backend raises one clear error. The trainer
+keeps the micro-batch loop, so DeepSpeed runs with `managed_gradient_accumulation: false`: backward() only
+accumulates, step() reduces across ranks, clips and updates (a variable number of micro-batches per step is fine).
+The torch AdamW and the warm-up schedule are the same objects as the torch backend's; DeepSpeed's bf16 mode keeps fp32
+master weights in the optimizer. Checkpoints: DeepSpeed's own sharded state (every rank writes its part) plus HF
+weights gathered on rank 0 for the engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from rstar2.config import TrainerCfg
+
+
+def import_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise ImportError("trainer.backend=deepspeed needs the deepspeed package (pip install '.[cuda]' or "
+                          "'deepspeed>=0.19'); on one CPU or GPU use trainer.backend=torch") from e
+    return deepspeed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # the trainer owns the boundary: step() after its micro-batches
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage, "contiguous_gradients": True,
+                              "overlap_comm": device.type == "cuda"},
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedBackend:
+    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, world: int,
+                 master: tuple[str, int] | None):
+        from rstar2.trainer import _adamw, warmup_lambda
+
+        ds = import_deepspeed()
+        self.ds, self.cfg, self.rank = ds, cfg, rank
+        addr, port = master or ("127.0.0.1", free_port())
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK="0")  # under Ray every rank sees its own GPU as device 0
+        ds.init_distributed(rank=rank, world_size=world, verbose=False)
+        self._warmup = warmup_lambda(cfg.warmup_steps)
+        self.engine, self.opt, _, self.sched = ds.initialize(
+            model=model, optimizer=_adamw(model.parameters(), cfg, device),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, self._warmup),
+            config=ds_config(cfg, device))
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def reset_optimizer(self) -> None:
+        base = self.engine.basic_optimizer  # the torch AdamW under ZeRO's wrapper
+        base.state.clear()  # Adam moments and step counts are re-created on the next step
+        self.sched = self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(base, self._warmup)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.step()
+        gn = self.engine.get_global_grad_norm()
+        return float(gn) if gn is not None else float("nan")
+
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
+
+    def state_dict(self) -> dict:
+        return {}  # optimizer and schedule live in DeepSpeed's own checkpoint (write)
+
+    def load_state_dict(self, sd: dict, ckpt_dir: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(ckpt_dir / "deepspeed"), tag="state", load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"{ckpt_dir}: no DeepSpeed state (was it written by the torch backend?)")
+
+    def write(self, tmp: Path, rank: int) -> None:
+        """Collective: every rank writes its shard; rank 0 also writes HF weights (gathered under ZeRO-3)."""
+        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+        params = list(self.module.parameters())
+        gather = self.ds.zero.GatheredParameters(params, modifier_rank=None) if self.cfg.zero_stage == 3 else \
+            contextlib.nullcontext()
+        with gather:
+            if rank == 0:
+                sd = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+                self.module.save_pretrained(str(tmp), state_dict=sd, safe_serialization=True)
