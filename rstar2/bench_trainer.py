@@ -210,7 +210,7 @@ def command(
     max_steps: int = typer.Option(12, help="give up waiting for clean steps after this many"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 (autocast), both sides"),
     layouts: str = typer.Option("bucket,pack", help="our micro-batch layouts to run, comma-separated"),
-    micro_batch_tokens: int = typer.Option(8192, help="our token budget per micro-batch"),
+    micro_batch_tokens: int = typer.Option(2048, help="our token budget per micro-batch (2048: fastest and leanest here)"),
     trl_micro_batch: int = typer.Option(16, help="TRL per-device batch (sequences; the rest is accumulation)"),
     trl: bool = typer.Option(True, help="also run TRL (needs the bench extra: pip install '.[bench]')"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
