@@ -109,9 +109,8 @@ def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -
 
 def stage_histories(experiment_id: str, campaign_run_id: str, metrics: list[str]) -> dict[str, list[tuple[int, float]]]:
     """Per-step curves of a campaign: each metric's (global step, value) over all its stage child runs."""
-    stages = client().search_runs([experiment_id], f"tags.mlflow.parentRunId = '{campaign_run_id}'")
-    return {m: sorted((h.step, h.value) for r in stages for h in client().get_metric_history(r.info.run_id, m))
-            for m in metrics}
+    by_stage = histories_by_stage(experiment_id, campaign_run_id, metrics)
+    return {m: sorted(point for curves in by_stage.values() for point in curves[m]) for m in metrics}
 
 
 def histories_by_stage(experiment_id: str, campaign_run_id: str,
