@@ -173,3 +173,68 @@ def test_simulator_conserves_work(policy):
     r = simulate(wl, Hardware(capacity=60_000), 4, policy, SchedulerCfg(max_inflight=64))
     assert r.decoded == sum(sum(d) for d in wl.decode)  # every decode token once (recompute is prefill)
     assert 0 <= r.idle_frac < 1 and r.makespan_s > 0
+
+
+def _learned(lengths, turns=1, cfg=None):
+    est = LengthEstimator(min_samples=4)
+    for n in lengths:
+        est.observe(n, turns)
+    est.commit()
+    return est
+
+
+def _submit(s, n, budget=4800, prompt=100):
+    for tid in range(n):
+        s.submit(tid, f"p{tid}", prompt, budget, 0.0)
+
+
+def test_kv_aware_admits_by_expected_peak_not_by_budget():
+    """Every trajectory seen ended at 1,000 tokens. A fresh one then holds h tokens for h < 1,000 (on the grid of
+    budget / 48 = 100 tokens: at most 900) plus its prompt (100): ten fit 10,000 tokens at once; reserving the
+    budget (4,800 + 100) would admit two."""
+    cfg = SchedulerCfg(kv_z=0.0, kv_tail_slack=0.0, probes_per_prompt=1)
+    s = Scheduler([10_000], cfg, "kv_aware", _learned([1000] * 32))
+    _submit(s, 12)
+    assert len(s.dispatch(0.0)) == 10
+    assert s.engines[0].peak == pytest.approx(10_000)
+
+
+def test_measured_usage_beyond_the_footprints_holds_admission():
+    """vLLM reports half the KV in use while the footprints (at the last reported lengths) account for the prompts
+    only: the difference (4,000 tokens generated since) counts as held, so a release admits nobody until a
+    newer report shows room."""
+    cfg = SchedulerCfg(kv_z=0.0, kv_tail_slack=0.0, probes_per_prompt=1)
+    s = Scheduler([10_000], cfg, "kv_aware", _learned([1000] * 32))
+    _submit(s, 12)
+    s.dispatch(0.0)
+    s.observe_engine(0, 1.0, usage=0.5, preemptions_total=0)
+    assert s.engines[0].lag == pytest.approx(4_000)
+    s.release(0, "finished", 2.0)
+    assert s.dispatch(2.0) == []
+    s.observe_engine(0, 3.0, usage=0.0, preemptions_total=0)
+    assert [t for t, _ in s.dispatch(3.0)] == [10]
+
+
+def test_the_rest_of_the_queue_goes_at_once_when_it_fits_within_the_slack():
+    """Eleven queued, ten fit the budget on the mean: with 10 % slack the eleventh (11 x 1,000 = 11,000) is not left
+    waiting; with 5 % it is."""
+    for slack, admitted in ((0.10, 11), (0.05, 10)):
+        cfg = SchedulerCfg(kv_z=0.0, kv_tail_slack=slack, probes_per_prompt=1)
+        s = Scheduler([10_000], cfg, "kv_aware", _learned([1000] * 32))
+        _submit(s, 11)
+        assert len(s.dispatch(0.0)) == admitted
+
+
+def test_z_keeps_room_for_random_lengths():
+    """Half end at 100 tokens, half at 900 (grid step 100): after h in [100, 900) a fresh one holds h with
+    probability 1/2, so the mean peak is 400 (h = 800) and its sd 400; with z = 2 each costs more than with z = 0,
+    and fewer are admitted."""
+    est = _learned([100, 900] * 16)
+    admitted = {}
+    for z in (0.0, 2.0):
+        s = Scheduler([10_000], SchedulerCfg(kv_z=z, kv_tail_slack=0.0, probes_per_prompt=1), "kv_aware", est)
+        _submit(s, 40, prompt=0)
+        admitted[z] = len(s.dispatch(0.0))
+    assert admitted[0.0] == 25  # 25 x 400 = 10,000
+    # z = 2: n x 400 + 2 x sqrt(n) x 400 <= 10,000  ->  n + 2 sqrt(n) <= 25  ->  n <= 16.8
+    assert admitted[2.0] == 16
