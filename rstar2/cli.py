@@ -177,6 +177,9 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                                                help="real rollout tables to measure the within-prompt correlation "
                                                     "(none match: the shipped lengths of 14,592 real rollouts)"),
                   workers: int = typer.Option(1, help="simulation processes (one scenario x seed each)"),
+                  policy: list[str] = typer.Option([], help="simulated policies (default: all, oracles included)"),
+                  extend: Optional[Path] = typer.Option(None, help="an earlier --json of this command: its simulated "
+                                                                   "runs are kept and summarised with the new ones"),
                   icc: Optional[float] = typer.Option(None, help="use this correlation instead of measuring it"),
                   sim: bool = typer.Option(True, help="the simulated policy comparison"),
                   real: bool = typer.Option(False, help="also a real rollout batch on vLLM engine actors"),
@@ -194,7 +197,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
     if real:
         out["real"] = _bench_rollout_real(preset, run_dir, model, real_engines, real_prompts, real_samples)
     if sim:
-        out["sim"] = _bench_rollout_sim(engines, prompts, seeds, scenario, rollouts, icc, workers)
+        out["sim"] = _bench_rollout_sim(engines, prompts, seeds, scenario, rollouts, icc, workers, policy, extend)
     _write_json(json_path, out)
 
 
@@ -226,11 +229,16 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
 
 
 def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[str], rollouts: str,
-                       icc: Optional[float], workers: int) -> dict:
+                       icc: Optional[float], workers: int, policies: list[str], extend: Optional[Path]) -> dict:
     import glob
 
     from rstar2.config import SchedulerCfg
-    from rstar2.rollout_sim import SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
+    from rstar2.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
+
+    unknown = set(policies) - set(BENCH_POLICIES)
+    if unknown:
+        console.print(f"[red]error:[/red] unknown policy {sorted(unknown)}; choose from {', '.join(BENCH_POLICIES)}")
+        raise typer.Exit(2)
 
     measured = None
     if icc is None:
@@ -246,11 +254,20 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
                       f"{', '.join(s.name for s in scenarios())}")
         raise typer.Exit(2)
     rows = sweep(grid, seeds, icc, SchedulerCfg(), workers,
-                 on_done=lambda sc, seed: console.print(f"  {sc.name} seed {seed} done", style="dim"))
+                 on_done=lambda sc, seed: console.print(f"  {sc.name} seed {seed} done", style="dim"),
+                 policies=tuple(policies) or BENCH_POLICIES)
+    if extend:  # same scenarios, seeds and correlation: the simulation is deterministic given them
+        old = json.loads(extend.read_text())["sim"]
+        if (old["engines"], old["prompts"], round(old["icc"], 6)) != (engines, prompts, round(icc, 6)):
+            console.print(f"[red]error:[/red] {extend} was simulated with other engines/prompts/ICC")
+            raise typer.Exit(2)
+        new = {(r["scenario"], r["seed"], r["policy"]) for r in rows}
+        rows = [r for r in old["runs"] if (r["scenario"], r["seed"], r["policy"]) not in new] + rows
     summary = summarize(rows)
     table = Table(title=f"rollout scheduling, simulated: {engines} engines, {prompts}x32, ICC {icc:.3f}, "
                         f"median of {seeds} seeds")
-    cols = ["scenario", "policy", "makespan_s", "x_oracle", "x_round_robin", "x_least_requests", "static_speedup",
+    cols = ["scenario", "policy", "makespan_s", "x_best", "x_best_max", "x_oracle", "x_round_robin",
+            "x_least_requests", "static_speedup",
             "x_naive_bound", "idle_frac", "recompute_frac", "preemptions", "queue_wait_mean_s"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("scenario", "policy") else "right")
