@@ -88,7 +88,8 @@ class LengthEstimator:
         """The h grid (tokens ahead) for budgets up to `scale`."""
         return np.linspace(0.0, float(scale), self.POINTS)
 
-    def footprint(self, length: int, turns: int, budget: int, h: np.ndarray) -> np.ndarray:
+    def footprint(self, length: int, turns: int, budget: int, h: np.ndarray, offset: int = 0,
+                  block: int = 1) -> np.ndarray:
         """Response KV tokens held after h[j] more tokens, j over the grid: mean and variance, shape [2, POINTS]
         (held or not is a Bernoulli draw with the survival probability)."""
         tables = self._sorted()
@@ -103,7 +104,9 @@ class LengthEstimator:
         else:  # prior: ends after the expected remaining length
             rem = max(self.prior_frac * budget - length, 0.5 * (budget - length), 1.0)
             alive = (h < rem).astype(float)
-        kv = np.minimum(length + h, budget)
+        kv = offset + np.minimum(length + h, budget)
+        if block > 1:  # KV is allocated in whole blocks
+            kv = np.ceil(kv / block) * block
         return np.stack([kv * alive, kv ** 2 * alive * (1 - alive)])  # [2, POINTS]: mean, variance
 
     def _sorted(self) -> dict:
@@ -267,8 +270,11 @@ class EngineView:
 
 class Scheduler:
     def __init__(self, capacities: list[int], cfg: SchedulerCfg, policy: str | None = None,
-                 estimator: LengthEstimator | None = None):
+                 estimator: LengthEstimator | None = None, block_size: int = 1):
+        """capacities: KV tokens per engine; block_size: vLLM's KV block (tokens are allocated in whole blocks:
+        16 on GPUs, 128 on CPU, where a tiny trajectory holds one block for ~120 tokens)."""
         self.policy = policy or cfg.policy
+        self.block_size = max(1, int(block_size))
         if self.policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if not capacities or min(capacities) <= 0:
@@ -440,7 +446,10 @@ class Scheduler:
         than a whole budget must not deadlock)."""
         z = self.engines[0].z
         sib = self._siblings.get(tv.group)
-        charge = tv.prompt_len if sib is None else np.where(sib > 0, 0, tv.prompt_len)
+        if self.block_size > 1 and self.policy == "kv_aware":
+            charge = 0
+        else:
+            charge = tv.prompt_len if sib is None else np.where(sib > 0, 0, tv.prompt_len)
         mean = self._loads[:, 0] + fp[0]  # [E, POINTS]
         if z:
             mean = mean + z * np.sqrt(np.maximum(self._loads[:, 1] + fp[1], 0))
@@ -469,11 +478,16 @@ class Scheduler:
             return LengthEstimator.known(tv.response_len, tv.known_len, self._h)
         if self.policy != "kv_aware":
             return None
+        if self.block_size > 1:  # the prompt sits in the trajectory's own blocks (vLLM shares only full blocks)
+            return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h, tv.prompt_len,
+                                            self.block_size)
         return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h)
 
-    @staticmethod
-    def _charge(v: EngineView, tv: TrajView) -> int:
-        """The prompt's KV is shared by all rollouts of a prompt on one engine (vLLM's prefix cache): charged once."""
+    def _charge(self, v: EngineView, tv: TrajView) -> int:
+        """The prompt's KV is shared by all rollouts of a prompt on one engine (vLLM's prefix cache): charged once
+        (with whole blocks, kv_aware counts it in each trajectory's footprint instead)."""
+        if self.block_size > 1 and self.policy == "kv_aware":
+            return 0
         return 0 if v.groups.get(tv.group) else tv.prompt_len
 
 

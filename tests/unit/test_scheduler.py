@@ -238,3 +238,14 @@ def test_z_keeps_room_for_random_lengths():
     assert admitted[0.0] == 25  # 25 x 400 = 10,000
     # z = 2: n x 400 + 2 x sqrt(n) x 400 <= 10,000  ->  n + 2 sqrt(n) <= 25  ->  n <= 16.8
     assert admitted[2.0] == 16
+
+
+def test_block_granular_footprints():
+    """vLLM allocates KV in blocks (128 tokens on CPU): a 60-token prompt + a 40-token response holds one whole block,
+    so with 1,280 tokens of KV ten fit; counted in tokens (60 + at most 30 on the grid), all fourteen would."""
+    est = _learned([40] * 32)
+    cfg = SchedulerCfg(kv_z=0.0, probes_per_prompt=1)
+    for block, admitted in ((1, 14), (128, 10)):
+        s = Scheduler([1_280], cfg, "kv_aware", est, block_size=block)
+        _submit(s, 14, budget=480, prompt=60)  # grid step 10: a fresh one holds at most 60 + 30 tokens unrounded
+        assert len(s.dispatch(0.0)) == admitted
