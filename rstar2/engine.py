@@ -151,10 +151,12 @@ class EngineLoop:
             held, self._held = self._held, []
             self._add(held)
         if self._futs:
-            for rid, ids, finish in self.backend.step():
-                self.generated += len(ids)
-                self._futs.pop(rid).set_result((ids, finish, self.backend.stats()))
+            finished = self.backend.step()
             self.steps += 1
+            self.generated += sum(len(ids) for _, ids, _ in finished)
+            snap = self.stats() if finished else None
+            for rid, ids, finish in finished:
+                self._futs.pop(rid).set_result((ids, finish, snap))
 
     def _add(self, reqs: list[tuple]) -> None:
         for rid, prompt, max_tokens, temperature, top_p, fut in reqs:
