@@ -7,10 +7,12 @@ one ends the trajectory. Tool tokens count against the response budget, and a tr
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
 
 `run` advances all live trajectories one turn at a time (a barrier per turn; evaluation uses it). `run_scheduled`,
-the RL step's rollout, has no barrier: rstar2.scheduler places each trajectory on one engine (sticky), every engine
-generates the next turn of whatever of its trajectories is ready as soon as its previous call returns, and tool calls
-run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails mid-call
-has its trajectories requeued to the others; they resume from their last completed turn.
+the RL step's rollout, has no barrier: rstar2.scheduler places each trajectory on one engine (sticky), and each
+trajectory's next turn is submitted to its engine the moment it is ready (placed, or its tool reply in); the engine
+batches whatever is in flight (continuous batching, rstar2.engine) and every turn comes back on its own. Tool calls
+run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails, or hangs
+(no probe answer / no progress for `hang_timeout_s`), has its trajectories requeued to the others; they resume from
+their last completed turn, and a late answer from the dead engine is never applied.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from rstar2 import template as T
 from rstar2.config import SchedulerCfg
 from rstar2.sandbox import ExecRequest, ExecResult
+from rstar2.scheduler import RUNNING, LengthEstimator, Scheduler
 from rstar2.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
 
 # generate(prompts, max_tokens) -> [(new_ids, finish_reason)], one assistant turn per prompt
@@ -197,8 +200,10 @@ class _Watch:
 
 def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
                   problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
-                  on_done: Callable[[int, int], None] | None = None) -> tuple[list[Trajectory], dict]:
-    """Roll out through the scheduler (see module docstring). engines[e] takes one trajectory-turn at a time and
+                  on_done: Callable[[int, int], None] | None = None,
+                  estimator: LengthEstimator | None = None) -> tuple[list[Trajectory], dict]:
+    """Roll out through the scheduler (see module docstring). `estimator`: kv_aware's length model, carried over
+    from the previous steps (it learns from their finished trajectories); a fresh one starts from a prior. engines[e] takes one trajectory-turn at a time and
     batches whatever is in flight (continuous batching); capacities[e] is its KV capacity in tokens. A turn is
     submitted the moment its trajectory is ready (placed, or its tool reply in); tool calls run in a thread pool.
 
@@ -208,10 +213,8 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
     and whatever it answers later is ignored (a turn is applied at most once). Returns the trajectories and the
     step's scheduling metrics (per engine: busy share, KV usage mean/max, preemptions; queue wait, tool wait,
     requeues, engine failures)."""
-    from rstar2.scheduler import RUNNING, Scheduler
-
     trajs = make_trajs(tokenizer, problems, n_samples, limits)
-    sched = Scheduler(capacities, cfg, policy)
+    sched = Scheduler(capacities, cfg, policy, estimator)
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
     for i, t in enumerate(trajs):
