@@ -181,7 +181,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                   model: Optional[Path] = typer.Option(None, help="real run: model dir (default: <run-dir>/sft)"),
                   real_engines: int = typer.Option(2, help="real run: vLLM engines"),
                   real_prompts: int = typer.Option(16, help="real run: prompts"),
-                  real_samples: int = typer.Option(8, help="real run: rollouts per prompt"),
+                  real_samples: int = typer.Option(16, help="real run: rollouts per prompt (16x16: a tiny RL step's batch)"),
                   real_rounds: int = typer.Option(3, help="real run: rounds (every policy once each, order rotated); "
                                                           "figures are medians over rounds"),
                   real_kv_mb: list[int] = typer.Option([], help="real run: KV cache MiB per engine, one configuration "

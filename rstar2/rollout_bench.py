@@ -49,15 +49,15 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
         clients, caps = cluster.engine_clients(names, cfg.rollout.temperature, cfg.rollout.top_p)
         est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
         runs, raws = [], []
-        with steps.sandbox(cfg.sandbox) as sb:
-            _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
-            rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
-                                  estimator=est)  # warm-up, not counted
-            for r in range(rounds):
-                raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))
-                for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
-                    runs.append({"round": r, **_scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
-                                                          est if policy == "kv_aware" else None)})
+        sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
+        _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
+        rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
+                              estimator=est)  # warm-up, not counted
+        for r in range(rounds):
+            raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))
+            for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+                runs.append({"round": r, **_scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
+                                                      est if policy == "kv_aware" else None)})
         raw_tps = statistics.median(x["tokens_per_s"] for x in raws)
         return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": caps, "raw_generate": raws,
                 "raw_tokens_per_s_median": raw_tps, "runs": runs, "policies": _summarize(runs, policies, raw_tps)}
