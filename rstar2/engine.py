@@ -181,6 +181,7 @@ class _VLLMBackend:
     def __init__(self, spec: EngineSpec):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 5 s start instead of 30 on CPU
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
 
         kv = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
@@ -189,7 +190,9 @@ class _VLLMBackend:
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
                           enable_prefix_caching=True, disable_log_stats=False, **kv)
-        self.engine = LLMEngine.from_engine_args(args, stat_loggers=[_stat_sink(self)])
+        # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
+        # bare engine's are 128 / 2048)
+        self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
         self.eos_id = self.engine.get_tokenizer().eos_token_id
 
     def add(self, rid, prompt, max_tokens, temperature, top_p):
