@@ -56,7 +56,8 @@ class Backend(Protocol):
     def reload(self, model_dir: str) -> None: ...
 
     def stats(self) -> dict:
-        """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count}."""
+        """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
+        "waiting": requests the engine's own scheduler runs / keeps waiting (vLLM: for lack of KV or seats)}."""
 
 
 class EngineLoop:
@@ -186,7 +187,7 @@ class _VLLMBackend:
 
         kv = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
             "kv_cache_memory_bytes": spec.kv_cache_bytes}
-        self._kv_usage, self._preemptions = 0.0, 0
+        self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
                           enable_prefix_caching=True, disable_log_stats=False, **kv)
@@ -216,7 +217,8 @@ class _VLLMBackend:
         self.engine.reset_prefix_cache()
 
     def stats(self) -> dict:
-        return {"kv_usage": self._kv_usage, "preemptions": self._preemptions}
+        return {"kv_usage": self._kv_usage, "preemptions": self._preemptions, "running": self._running,
+                "waiting": self._waiting}
 
     def capacity(self) -> dict:
         cfg = self.engine.vllm_config.cache_config
@@ -235,6 +237,8 @@ def _stat_sink(backend: _VLLMBackend) -> Callable:
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 backend._kv_usage = float(scheduler_stats.kv_cache_usage)
+                backend._running = int(scheduler_stats.num_running_reqs)
+                backend._waiting = int(scheduler_stats.num_waiting_reqs)
             if iteration_stats is not None:
                 backend._preemptions += int(iteration_stats.num_preempted_reqs)
 

@@ -178,12 +178,15 @@ class _Watch:
     probe: Future | None = None
     probe_sent: float = float("-inf")
     usage: list[float] = field(default_factory=list)
+    peak_inflight: int = 0  # turns sent and not back, at most
+    peak_waiting: int = 0  # of those, waiting inside the engine (vLLM's queue: no KV or no seat), at most
     preemptions: tuple[int, int] | None = None  # (first seen, last seen): cumulative counters
 
     def turn_sent(self, now: float) -> None:
         if not self.inflight:
             self.busy_since, self.progress_at = now, now
         self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
 
     def turn_back(self, now: float) -> None:
         self.inflight -= 1
@@ -194,6 +197,7 @@ class _Watch:
 
     def stats(self, s: dict) -> None:
         self.usage.append(float(s["kv_usage"]))
+        self.peak_waiting = max(self.peak_waiting, int(s.get("waiting", 0)))
         p = int(s["preemptions"])
         self.preemptions = (p, p) if self.preemptions is None else (self.preemptions[0], max(p, self.preemptions[1]))
 
@@ -353,7 +357,9 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
                            f"sched_engine{e}_dispatched": summ["dispatched_per_engine"][e],
                            f"sched_engine{e}_kv_usage_mean": float(np.mean(w.usage)) if w.usage else 0.0,
                            f"sched_engine{e}_kv_usage_max": max(w.usage, default=0.0),
-                           f"sched_engine{e}_preemptions": pre})
+                           f"sched_engine{e}_preemptions": pre,
+                           f"sched_engine{e}_peak_inflight": w.peak_inflight,
+                           f"sched_engine{e}_peak_waiting": w.peak_waiting})
     return trajs, {"rollout_wall_s": wall, "sched_policy": summ["policy"],
                    "sched_queue_wait_mean_s": summ["queue_wait_mean_s"], "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
                    "sched_requeued": summ["requeued"], "sched_engine_failures": len(failures),

@@ -82,7 +82,9 @@ def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, poli
             "kv_usage_mean": [stats[f"sched_engine{i}_kv_usage_mean"] for i in range(e)],
             "kv_usage_max": [stats[f"sched_engine{i}_kv_usage_max"] for i in range(e)],
             "busy": [stats[f"sched_engine{i}_busy"] for i in range(e)],
-            "dispatched": [stats[f"sched_engine{i}_dispatched"] for i in range(e)]}
+            "dispatched": [stats[f"sched_engine{i}_dispatched"] for i in range(e)],
+            "peak_inflight": [stats[f"sched_engine{i}_peak_inflight"] for i in range(e)],
+            "peak_waiting_in_vllm": [stats[f"sched_engine{i}_peak_waiting"] for i in range(e)]}
 
 
 def _summarize(runs: list[dict], policies: list[str], raw_tps: float) -> list[dict]:
@@ -97,7 +99,9 @@ def _summarize(runs: list[dict], policies: list[str], raw_tps: float) -> list[di
                     "generated_tokens": int(med("generated_tokens")), "preemptions": med("preemptions"),
                     "kv_usage_max": round(statistics.median(max(r["kv_usage_max"]) for r in rs), 3),
                     "tool_wait_s": round(med("tool_wait_s"), 2), "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
-                    "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls"))})
+                    "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls")),
+                    "peak_inflight": int(statistics.median(max(r["peak_inflight"]) for r in rs)),
+                    "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs))})
     return out
 
 

@@ -148,6 +148,7 @@ def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
         assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask
     assert stats["sched_engine0_dispatched"] + stats["sched_engine1_dispatched"] == 9
     assert stats["sched_engine0_kv_usage_max"] == 0.25 and stats["sched_engine0_preemptions"] == 0  # 3 seen, no new
+    assert 1 <= stats["sched_engine0_peak_inflight"] <= 9
     assert stats["sched_tool_wait_s"] > 0 and 0 < stats["sched_engine0_busy"] <= 1
 
 
