@@ -109,3 +109,21 @@ def test_a_broken_step_fails_every_request_clearly():
     with pytest.raises(RuntimeError, match="engine is down"):
         lp.submit([1], 1).result(timeout=5)
     assert "device lost" in lp.stats()["error"]
+
+
+def test_a_stuck_step_still_answers_probes_with_frozen_progress():
+    """What run_scheduled's hang detection relies on: while the engine thread is stuck in a step, stats() answers
+    at once, and its step counter stands still."""
+    gate = threading.Event()
+    toy = Toy()
+    step = toy.step
+    toy.step = lambda: (gate.wait() if toy.steps >= 5 else None, step())[1]
+    lp = EngineLoop(toy)
+    f = lp.submit([1], 50)
+    time.sleep(0.1)
+    first = lp.stats()
+    time.sleep(0.1)
+    assert lp.stats()["steps"] == first["steps"] <= 6 and first["in_flight"] == 1 and not f.done()
+    gate.set()
+    assert len(f.result(timeout=5)[0]) == 50
+    lp.close()
