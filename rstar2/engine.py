@@ -271,7 +271,7 @@ class VLLMEngine:
         return took
 
     def info(self) -> dict:
-        return {"start_s": self.start_s, "weights": self.weights_version, **self._backend.capacity()}
+        return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(), **self._backend.capacity()}
 
     def stats(self) -> dict:
         return self.loop.stats()

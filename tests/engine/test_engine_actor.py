@@ -58,3 +58,47 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         ray.kill(fresh)
     finally:
         ray.kill(actor)
+
+
+def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
+    """Two real engine actors; one is frozen (SIGSTOP) mid-rollout. After hang_timeout_s without a probe answer it is
+    dead, its trajectories resume on the other, and every trajectory finishes exactly once."""
+    import os
+    import signal
+
+    from rstar2 import rollout, steps
+    from rstar2.config import SchedulerCfg
+
+    cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
+    world = build.build(cfg, tmp_path / "world")
+    tok = load(world["init_model"])
+    cluster.init()
+    spec = dict(model_dir=world["init_model"], max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32")
+    actors = [ray.remote(num_cpus=0)(EngineActor).options(max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(
+        EngineSpec(seed=i, **spec)) for i in range(2)]
+    stopped = []
+    try:
+        infos = ray.get([a.info.remote() for a in actors])
+        clients = [cluster.EngineClient(a, 1.0, 1.0) for a in actors]
+
+        def freeze(done, total):  # a third of the way through: engine 1's process stops dead
+            if done >= total // 3 and not stopped:
+                os.kill(infos[1]["pid"], signal.SIGSTOP)
+                stopped.append(infos[1]["pid"])
+
+        problems = steps.select_prompts(world["train"], 0, 8, 0)
+        trajs, stats = rollout.run_scheduled(
+            clients, [i["kv_capacity_tokens"] for i in infos], SchedulerCfg(hang_timeout_s=4, probe_interval_s=0.5),
+            steps.sandbox(cfg.sandbox), tok, problems, 8, rollout.RolloutLimits(max_turns=2, max_response_tokens=200,
+                                                                              max_model_len=512),
+            policy="round_robin", on_done=freeze)
+        assert stopped and stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+        assert "hang" in stats["sched_failures"][0]["error"]
+        assert sorted((t.problem_id, t.sample_idx) for t in trajs) == sorted(
+            (p["problem_id"], k) for p in problems for k in range(8))
+        assert all(t.done and t.num_turns >= 1 for t in trajs)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for a in actors:
+            ray.kill(a)
