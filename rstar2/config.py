@@ -133,9 +133,11 @@ class SchedulerCfg(_Cfg):
     """Placement of trajectories on engines (rstar2/scheduler.py; paper §3.2, README "Rollout scheduling")."""
     policy: Literal["kv_aware", "least_requests", "round_robin", "static"] = "kv_aware"
     max_inflight: int = 256  # trajectories per engine at most (vLLM's max_num_seqs); least_requests' only limit
-    oversubscribe: float = 1.35  # kv_aware: admit while the expected peak KV <= factor x KV capacity (start)
-    oversubscribe_min: float = 1.0
-    oversubscribe_max: float = 1.35  # growing past the start thrashed in simulation (stage 3, tight KV): off
+    oversubscribe: float = 1.0  # kv_aware: admit while the peak KV (mean + kv_z sd) <= factor x KV capacity
+    kv_z: float = 1.5  # standard deviations of the random future KV the admission keeps room for ...
+    kv_tail_slack: float = 0.1  # ... but the queue's rest is admitted at once if it fits within this, on the mean
+    oversubscribe_min: float = 0.7  # the factor shrinks after a preemption or high usage, down to this ...
+    oversubscribe_max: float = 1.0  # ... and grows back up to this while usage stays low
     usage_low: float = 0.8  # factor grows while measured KV usage stays below this and admission is blocked
     usage_high: float = 0.95  # ... and shrinks above this, or after a preemption
     grow_when_realized: float = 0.5  # ... grows only once running trajectories hold this share of their reservation

@@ -18,8 +18,8 @@ Policies:
                   expected remaining response, learned from finished trajectories given its length and turn count),
                   an engine admits while its reservations fit factor x its KV capacity, the factor adapts to the
                   engine's measured KV usage and preemptions, and the queue head goes to the most headroom
-  oracle          (simulation only) clairvoyant late binding: longest true length that fits first, reserving the
-                  true final footprint against the KV capacity (never overflows)
+  oracle          (simulation only) clairvoyant late binding: longest true length first, admitted while the
+                  engine's true future KV (every length known) fits its KV capacity
   oracle_static   (simulation only) clairvoyant early binding: longest-processing-time-first balance at t=0
 
 Every policy is sticky: all turns of a trajectory run on the engine that started it (its KV prefix is cached
@@ -50,25 +50,26 @@ class SchedulerError(RuntimeError):
 class LengthEstimator:
     """How much KV a running trajectory is expected to hold as it goes on, from recently finished ones.
 
-    For a trajectory at response length l after k turns, its footprint over the next h generated tokens is
-        F(h) = E[min(L, l + h) | L > l, more than k turns]
-    over the reference window of finished trajectories (final response length L, turns). F(inf) - l is the mean
-    residual life: with heavy tails it *grows* with l (a trajectory that has run long is expected to run longer).
-    An engine's expected KV over the coming tokens is the sum of its trajectories' F, and its peak is what
-    kv_aware admits against: trajectories do not all peak at once, so this admits more than summing final
-    lengths, without overflowing. Sparse data: drop the turn condition, then fall back to a prior (a share of
-    the budget). Vectors are on a grid of h (`grid(scale)`), l in bins of the same step.
+    A trajectory at response length l after k turns holds l + h tokens after h more of its tokens if it is still
+    running then, and nothing once it has ended (its KV is freed). Its expected footprint over the next h tokens:
+        G(h) = (l + h) * P(L > l + h | L > l, more than k turns)
+    over the reference window of finished trajectories (final response length L, turns). Running trajectories
+    advance one token per engine step together, so the sum of an engine's G is its expected KV h steps ahead with
+    no new admission, and the peak of that sum is what kv_aware admits against: with heavy-tailed lengths most
+    trajectories end before the long ones peak, so this admits far more than reserving final (or maximum) lengths,
+    and it still sees the long ones coming. Sparse data: drop the turn condition, then fall back to a prior (a
+    share of the budget). Vectors are on a grid of h (`grid(scale)`).
 
     `commit()` moves the trajectories finished in the batch just done into the reference window: estimates use
     whole batches only, because within a batch the first to finish are the short ones (a biased sample)."""
 
-    POINTS = 33
+    POINTS = 49
 
     def __init__(self, window: int = 4096, prior_frac: float = 0.5, min_samples: int = 16):
         self.window, self.prior_frac, self.min_samples = window, prior_frac, min_samples
         self._ref: deque[tuple[int, int]] = deque(maxlen=window)
         self._batch: list[tuple[int, int]] = []
-        self._tables: dict[float, dict] = {}
+        self._tables: dict | None = None
 
     def observe(self, final_len: int, turns: int) -> None:
         self._batch.append((final_len, turns))
@@ -77,7 +78,7 @@ class LengthEstimator:
         if self._batch:
             self._ref.extend(self._batch)
             self._batch = []
-            self._tables = {}
+            self._tables = None
 
     @property
     def samples(self) -> int:
@@ -88,35 +89,38 @@ class LengthEstimator:
         return np.linspace(0.0, float(scale), self.POINTS)
 
     def footprint(self, length: int, turns: int, budget: int, h: np.ndarray) -> np.ndarray:
-        """Expected response KV tokens after h[j] more tokens, j over the grid (shape [POINTS]), <= budget."""
-        table = self._table(h)
-        step = h[1]
-        b = min(int(length // step), self.POINTS - 1)
-        f = table.get((turns, b))
-        if f is None:
-            f = table.get((None, b))
-        if f is None:  # prior: grows token by token up to the expected length
+        """Response KV tokens held after h[j] more tokens, j over the grid: mean and variance, shape [2, POINTS]
+        (held or not is a Bernoulli draw with the survival probability)."""
+        tables = self._sorted()
+        for k in (turns, None):
+            lens = tables.get(k)  # sorted final lengths of the finished ones with more than k turns (or all)
+            if lens is None:
+                continue
+            alive_now = len(lens) - np.searchsorted(lens, length, side="right")
+            if alive_now >= self.min_samples:
+                alive = (len(lens) - np.searchsorted(lens, length + h, side="right")) / alive_now  # [POINTS]
+                break
+        else:  # prior: ends after the expected remaining length
             rem = max(self.prior_frac * budget - length, 0.5 * (budget - length), 1.0)
-            f = length + np.minimum(h, rem)
-        return np.minimum(np.maximum(f, length), budget)
+            alive = (h < rem).astype(float)
+        kv = np.minimum(length + h, budget)
+        return np.stack([kv * alive, kv ** 2 * alive * (1 - alive)])  # [2, POINTS]: mean, variance
 
-    def _table(self, h: np.ndarray) -> dict:
-        """(turns or None, length bin) -> F over the grid, where at least `min_samples` finished ones qualify."""
-        key = float(h[-1])
-        if key not in self._tables:
-            table: dict = {}
-            if self._ref:
-                lens = np.array([x[0] for x in self._ref], dtype=float)
-                turns = np.array([x[1] for x in self._ref])
-                for k in [None, *range(int(turns.max()))]:
-                    sel = lens if k is None else lens[turns > k]
-                    for b in range(self.POINTS):
-                        l0 = b * h[1]
-                        alive = sel[sel > l0]
-                        if len(alive) >= self.min_samples:
-                            table[(k, b)] = np.minimum(alive[:, None], l0 + h[None, :]).mean(axis=0)
-            self._tables = {key: table}
-        return self._tables[key]
+    def _sorted(self) -> dict:
+        """turns k (or None: any) -> sorted final lengths of the reference trajectories with more than k turns."""
+        if self._tables is None:
+            lens = np.array([x[0] for x in self._ref], dtype=float)
+            turns = np.array([x[1] for x in self._ref], dtype=int)
+            self._tables = {k: np.sort(lens if k is None else lens[turns > k])
+                            for k in [None, *range(int(turns.max()) if len(turns) else 0)]}
+        return self._tables
+
+    @staticmethod
+    def known(length: int, final: int, h: np.ndarray) -> np.ndarray:
+        """The footprint of a trajectory whose final length is known (the clairvoyant oracle)."""
+        fp = np.zeros((2, len(h)))
+        fp[0] = (length + h) * (length + h < final)
+        return fp
 
 
 class TrajQueue:
@@ -237,12 +241,15 @@ class EngineView:
     """What the scheduler knows of one engine: KV capacity (tokens), expected load, and vLLM's last stats."""
     capacity: int
     factor: float
-    load: np.ndarray  # sum of in-flight footprints, shape [LengthEstimator.POINTS]
+    load: np.ndarray  # sum of in-flight footprints: mean and variance over the coming tokens, shape [2, POINTS]
+    z: float = 0.0  # the peak counts z standard deviations over the mean (lengths are random)
+    slack: float = 0.0  # admission may go this share over the budget (the queue's tail, see _set_margin)
     alive: bool = True
     prompts: float = 0.0  # prompts of the groups in flight here, once each (shared through the prefix cache)
     inflight: set[int] = field(default_factory=set)
     groups: dict[str, int] = field(default_factory=dict)  # group -> trajectories of it in flight here
     usage: float = 0.0  # fraction of KV blocks in use, as vLLM reports it
+    lag: float = 0.0  # KV in use beyond what the footprints account for now (tokens generated since the last turn)
     preemptions_seen: int = 0
     blocked: bool = False  # admission refused for lack of room since the last adaptation
     last_adapt: float = float("-inf")
@@ -250,12 +257,12 @@ class EngineView:
 
     @property
     def budget(self) -> float:
-        return self.factor * self.capacity
+        return self.factor * self.capacity * (1 + self.slack)
 
     @property
     def peak(self) -> float:
         """Expected peak KV of what runs here (the max over the coming tokens of the summed footprints)."""
-        return float(self.load.max()) + self.prompts
+        return float((self.load[0] + self.z * np.sqrt(np.maximum(self.load[1], 0))).max()) + self.prompts + self.lag
 
 
 class Scheduler:
@@ -268,7 +275,17 @@ class Scheduler:
             raise ValueError(f"every engine needs a positive KV capacity in tokens, got {capacities}")
         self.cfg = cfg
         factor = 1.0 if self.policy.startswith("oracle") else cfg.oversubscribe
-        self.engines = [EngineView(int(c), factor, np.zeros(LengthEstimator.POINTS)) for c in capacities]
+        self._loads = np.zeros((len(capacities), 2, LengthEstimator.POINTS))  # engine e's load is row e (a view)
+        z = cfg.kv_z if self.policy == "kv_aware" else 0.0
+        self.engines = [EngineView(int(c), factor, self._loads[e], z=z) for e, c in enumerate(capacities)]
+        # per-engine mirrors of the views, so placement is a few vector operations (a paper-scale simulated step
+        # places 16K trajectories on 64 engines): budget - prompts - lag, open for one more, idle
+        n = len(capacities)
+        self._base, self._can_take, self._idle = np.zeros(n), np.ones(n, bool), np.ones(n, bool)
+        self._held, self._full = np.zeros(n), np.zeros(n)  # prompts + lag; factor x capacity
+        self._siblings: dict[str, np.ndarray] = {}  # group -> its trajectories in flight per engine
+        for e in range(n):
+            self._sync(e)
         self.estimator = estimator or LengthEstimator(cfg.estimator_window, cfg.prior_frac)
         self.trajs: dict[int, TrajView] = {}
         self._queue = TrajQueue(self.policy == "kv_aware", cfg.probes_per_prompt)
@@ -351,45 +368,91 @@ class Scheduler:
         siblings (spreading a prompt's correlated rollouts is most of the gain over a prompt-grouped split), then
         the most headroom. None fits: wait for a release, unless an engine is idle (a footprint larger than a
         whole budget must not deadlock)."""
+        self._set_margin()
         picks = []
         while self._queue:
             tv = self.trajs[self._queue.peek()]
             fp = self._footprint(tv)
-            best, best_key = None, None
-            for i, v in enumerate(self.engines):
-                if not v.alive or len(v.inflight) >= self.cfg.max_inflight:
-                    continue
-                room = v.budget - self._peak_with(v, tv, fp)
-                if room < 0 and v.inflight:
-                    v.blocked = True
-                    continue
-                key = (-v.groups.get(tv.group, 0), room)
-                if best is None or key > best_key:
-                    best, best_key = i, key
-            if best is None:
+            rooms, fits = self._rooms(tv, fp)
+            for i in np.flatnonzero(~fits & np.isfinite(rooms)):
+                self.engines[i].blocked = True
+            if not fits.any():
                 break
+            siblings = self._siblings.get(tv.group, np.zeros(len(self.engines)))
+            order = np.lexsort((-rooms, siblings))  # fewest siblings, then most room
+            best = int(order[np.argmax(fits[order])])
             self._queue.pop()
             picks.append((tv.tid, best))
             self._start(tv, best, fp)
         return picks
 
     def _pick_oracle(self) -> list[tuple[int, int]]:
-        """Longest known footprint that fits the engine with the most room; none fits: wait for a release."""
+        """Longest known length first, to the engine with the most room where its true footprint fits (a few
+        shorter ones are tried when the longest fits nowhere); nothing fits: wait for a release."""
         picks = []
         while self._by_len:
-            e = self._open(key=lambda v: v.budget - v.peak)
-            if e is None:
-                break
-            v = self.engines[e]
-            i = bisect.bisect_right(self._by_len, (v.budget - v.peak, float("inf"))) - 1
-            if i < 0:
-                if v.inflight:
+            placed = False
+            for i in range(len(self._by_len) - 1, max(-1, len(self._by_len) - 1 - self.ORACLE_SCAN), -1):
+                tv = self.trajs[self._by_len[i][1]]
+                fp = self._footprint(tv)
+                e = self._most_room(tv, fp)
+                if e is not None:
+                    self._by_len.pop(i)
+                    picks.append((tv.tid, e))
+                    self._start(tv, e, fp)
+                    placed = True
                     break
-                i = 0  # nothing fits even an idle engine: run the shortest alone
-            _, tid = self._by_len.pop(i)
-            picks.append((tid, e))
-            self._start(self.trajs[tid], e)
+            if not placed:
+                break
         return picks
+
+    ORACLE_SCAN = 2
+
+    def _set_margin(self) -> None:
+        """kv_aware keeps kv_z standard deviations of room for the randomness of lengths, except when the rest of
+        the queue, spread over the live engines, would fit their budgets within `kv_tail_slack` on the mean: then
+        all of it is admitted now (margin 0, budget x (1 + slack)). Holding back the last few trajectories
+        costs far more than a small overflow: one left waiting may be a long one that then sets the makespan,
+        while an overflow of a few percent costs some recomputed prefill."""
+        z, slack = self.cfg.kv_z, 0.0
+        alive = [v for v in self.engines if v.alive]
+        if self._queue and alive and self.cfg.kv_tail_slack > 0:
+            share = -(-len(self._queue) // len(alive))  # queued trajectories per live engine, rounded up
+            head = self.trajs[self._queue.peek()]
+            fresh = self.estimator.footprint(0, 0, head.budget, self._h)[0] * share
+            live = np.array([v.alive for v in self.engines])
+            room = self._full[live] * (1 + self.cfg.kv_tail_slack) - self._held[live] - share * head.prompt_len
+            if ((self._loads[live, 0] + fresh).max(axis=1) <= room).all():
+                z, slack = 0.0, self.cfg.kv_tail_slack
+        for e, v in enumerate(self.engines):
+            if (v.z, v.slack) != (z, slack):
+                v.z, v.slack = z, slack
+                self._sync(e)
+
+    def _most_room(self, tv: TrajView, fp: np.ndarray) -> int | None:
+        """The engine with the most room where tv (footprint fp) fits."""
+        rooms, fits = self._rooms(tv, fp)
+        return int(np.argmax(np.where(fits, rooms, -np.inf))) if fits.any() else None
+
+    def _rooms(self, tv: TrajView, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per engine: budget left over the coming tokens if tv (footprint fp) starts there (-inf where it cannot
+        start: dead or at max_inflight), and whether it fits (an idle engine takes anything: a footprint larger
+        than a whole budget must not deadlock)."""
+        z = self.engines[0].z
+        sib = self._siblings.get(tv.group)
+        charge = tv.prompt_len if sib is None else np.where(sib > 0, 0, tv.prompt_len)
+        mean = self._loads[:, 0] + fp[0]  # [E, POINTS]
+        if z:
+            mean = mean + z * np.sqrt(np.maximum(self._loads[:, 1] + fp[1], 0))
+        rooms = np.where(self._can_take, self._base - charge - mean.max(axis=1), -np.inf)  # [E]
+        return rooms, self._can_take & ((rooms >= 0) | self._idle)
+
+    def _sync(self, e: int) -> None:
+        v = self.engines[e]
+        self._held[e], self._full[e] = v.prompts + v.lag, v.factor * v.capacity
+        self._base[e] = v.budget - v.prompts - v.lag
+        self._can_take[e] = v.alive and len(v.inflight) < self.cfg.max_inflight
+        self._idle[e] = not v.inflight
 
     def _open(self, key) -> int | None:
         """The live engine with room for one more trajectory that maximises key(engine view)."""
@@ -403,7 +466,7 @@ class Scheduler:
 
     def _footprint(self, tv: TrajView) -> np.ndarray | None:
         if self.policy == "oracle":
-            return np.full(LengthEstimator.POINTS, float(tv.known_len))
+            return LengthEstimator.known(tv.response_len, tv.known_len, self._h)
         if self.policy != "kv_aware":
             return None
         return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h)
@@ -413,9 +476,6 @@ class Scheduler:
         """The prompt's KV is shared by all rollouts of a prompt on one engine (vLLM's prefix cache): charged once."""
         return 0 if v.groups.get(tv.group) else tv.prompt_len
 
-    @classmethod
-    def _peak_with(cls, v: EngineView, tv: TrajView, fp: np.ndarray) -> float:
-        return float((v.load + fp).max()) + v.prompts + cls._charge(v, tv)
 
     def _start(self, tv: TrajView, e: int, fp: np.ndarray | None = None) -> None:
         if tv.state != QUEUED:
@@ -424,10 +484,12 @@ class Scheduler:
         tv.state, tv.engine = RUNNING, e
         tv.footprint = fp if fp is not None else self._footprint(tv)
         if tv.footprint is not None:
-            v.load = v.load + tv.footprint
+            v.load += tv.footprint
         v.prompts += self._charge(v, tv)
         v.groups[tv.group] = v.groups.get(tv.group, 0) + 1
         v.inflight.add(tv.tid)
+        self._siblings.setdefault(tv.group, np.zeros(len(self.engines)))[e] += 1
+        self._sync(e)
         v.dispatched += 1
         if not tv.requeues:
             self._queue.started(tv.group)
@@ -438,10 +500,10 @@ class Scheduler:
         tv = self._running(tid)
         self._queue.grew(tv.group, response_len - tv.response_len)
         tv.response_len, tv.turns = response_len, turns
-        if self.policy == "kv_aware":
+        if tv.footprint is not None:
             v = self.engines[tv.engine]
             new = self._footprint(tv)
-            v.load = v.load + (new - tv.footprint)
+            v.load += new - tv.footprint
             tv.footprint = new
 
     def observe_engine(self, e: int, now: float, usage: float, preemptions_total: int) -> None:
@@ -453,6 +515,8 @@ class Scheduler:
         matters: right after admission every trajectory is short, so low usage says nothing yet."""
         v = self.engines[e]
         v.usage = usage
+        v.lag = max(0.0, usage * v.capacity - float(v.load[0, 0]) - v.prompts)
+        self._sync(e)
         preempted = preemptions_total > v.preemptions_seen
         v.preemptions_seen = max(v.preemptions_seen, preemptions_total)
         if self.policy != "kv_aware" or now - v.last_adapt < self.cfg.adapt_interval_s:
@@ -465,6 +529,7 @@ class Scheduler:
         else:
             return
         v.blocked, v.last_adapt = False, now
+        self._sync(e)
         self.factor_trace.append((now, e, v.factor))
 
     # ---- trajectories out -----------------------------------------------------------------------------------
@@ -492,6 +557,7 @@ class Scheduler:
         (they resume from their last completed turn on another engine). Returns them."""
         v = self.engines[e]
         v.alive = False
+        self._sync(e)
         back = sorted(v.inflight)
         for tid in reversed(back):
             tv = self.trajs[tid]
@@ -508,14 +574,17 @@ class Scheduler:
     def _unplace(self, tv: TrajView) -> None:
         v = self.engines[tv.engine]
         v.inflight.discard(tv.tid)
+        self._siblings[tv.group][tv.engine] -= 1
         v.groups[tv.group] -= 1
         if not v.groups[tv.group]:
             del v.groups[tv.group]
             v.prompts -= tv.prompt_len
         if tv.footprint is not None:
-            v.load = v.load - tv.footprint
+            v.load -= tv.footprint
         if not v.inflight:  # no float drift on an empty engine
-            v.load, v.prompts = np.zeros_like(v.load), 0.0
+            v.load[:] = 0.0
+            v.prompts = 0.0
+        self._sync(tv.engine)
         tv.footprint, tv.engine = None, None
 
     def _running(self, tid: int) -> TrajView:
