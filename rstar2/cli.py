@@ -228,6 +228,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
                                  ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
     res["load_avg_end"] = os.getloadavg()
     cols = ["policy", "makespan_s", "makespan_min_s", "makespan_max_s", "tokens_per_s", "vs_raw_generate",
+            "vs_raw_generate_min",
             "generated_tokens", "preemptions", "kv_usage_max", "peak_inflight", "peak_waiting_in_vllm", "tool_calls",
             "mean_turns", "tool_wait_s", "queue_wait_mean_s"]
     for c in res["configs"]:
