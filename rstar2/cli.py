@@ -187,7 +187,11 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                   model: Optional[Path] = typer.Option(None, help="real run: model dir (default: <run-dir>/sft)"),
                   real_engines: int = typer.Option(2, help="real run: vLLM engines"),
                   real_prompts: int = typer.Option(16, help="real run: prompts"),
-                  real_samples: int = typer.Option(8, help="real run: rollouts per prompt"),
+                  real_samples: int = typer.Option(16, help="real run: rollouts per prompt (16x16: a tiny RL step's batch)"),
+                  real_rounds: int = typer.Option(3, help="real run: rounds (every policy once each, order rotated); "
+                                                          "figures are medians over rounds"),
+                  real_kv_mb: list[int] = typer.Option([], help="real run: KV cache MiB per engine, one configuration "
+                                                                "each (default: the run's, and 1/8 of it: tight)"),
                   preset: str = typer.Option("tiny", help="real run: config when <run-dir>/config.json is absent"),
                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Rollout scheduling policies in simulation (rstar2/rollout_sim.py, driven by rstar2/scheduler.py): makespan
@@ -195,15 +199,18 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
     the same policies on live vLLM engines, and the agent loop's tokens/s vs raw vLLM generate."""
     out: dict = {}
     if real:
-        out["real"] = _bench_rollout_real(preset, run_dir, model, real_engines, real_prompts, real_samples)
+        out["real"] = _bench_rollout_real(preset, run_dir, model, real_engines, real_prompts, real_samples, real_rounds,
+                                          real_kv_mb)
     if sim:
         out["sim"] = _bench_rollout_sim(engines, prompts, seeds, scenario, rollouts, icc, workers, policy, extend)
     _write_json(json_path, out)
 
 
 def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engines: int, prompts: int,
-                        samples: int) -> dict:
+                        samples: int, rounds: int, kv_mb: list[int]) -> dict:
     env.apply()
+    import os
+
     from rstar2 import config, rollout_bench
 
     saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
@@ -213,18 +220,26 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     if not Path(model_dir, "config.json").exists():
         console.print(f"[red]error:[/red] no model at {model_dir}: run a campaign first or pass --model")
         raise typer.Exit(2)
+    if rounds < 1 or any(m <= 0 for m in kv_mb):
+        console.print("[red]error:[/red] --real-rounds and --real-kv-mb must be positive")
+        raise typer.Exit(2)
+    kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 8)]
     res = rollout_bench.real_run(cfg, model_dir, rollout_bench.problems_of(str(run_dir)), prompts, samples,
-                                 ["kv_aware", "least_requests", "round_robin", "static"])
-    raw = res["raw_generate"]
-    table = Table(title=f"real rollout: {res['engines']} vLLM engines, {prompts}x{samples}, raw generate "
-                        f"{raw['tokens_per_s']} tok/s")
-    cols = ["policy", "makespan_s", "tokens_per_s", "vs_raw_generate", "tool_calls", "mean_turns", "tool_wait_s",
-            "queue_wait_mean_s"]
-    for c in cols:
-        table.add_column(c, justify="left" if c == "policy" else "right")
-    for r in res["policies"]:
-        table.add_row(*[str(r[c]) for c in cols])
-    console.print(table)
+                                 ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
+    res["load_avg_end"] = os.getloadavg()
+    cols = ["policy", "makespan_s", "makespan_min_s", "makespan_max_s", "tokens_per_s", "vs_raw_generate",
+            "vs_raw_generate_min",
+            "generated_tokens", "preemptions", "kv_usage_max", "peak_inflight", "peak_waiting_in_vllm", "tool_calls",
+            "mean_turns", "tool_wait_s", "queue_wait_mean_s"]
+    for c in res["configs"]:
+        table = Table(title=f"real rollout: {res['engines']} vLLM engines, {prompts}x{samples}, KV "
+                            f"{c['kv_capacity_tokens']} tokens/engine, median of {rounds} rounds, raw generate "
+                            f"{c['raw_tokens_per_s_median']:.0f} tok/s (load avg {res['load_avg_start'][0]:.2f} at start)")
+        for col in cols:
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for r in c["policies"]:
+            table.add_row(*[str(r[col]) for col in cols])
+        console.print(table)
     return res
 
 

