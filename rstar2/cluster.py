@@ -111,8 +111,9 @@ class EngineClient:
     both return concurrent futures (Ray ObjectRef.future()), so the agent loop waits on turns, tool calls and
     probes of every engine at once."""
 
-    def __init__(self, handle, temperature: float, top_p: float):
+    def __init__(self, handle, temperature: float, top_p: float, block_size: int = 1):
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
+        self.block_size = block_size  # vLLM's KV block in tokens: the scheduler counts KV in whole blocks
 
     def submit(self, prompt: list[int], max_tokens: int):
         return self.handle.generate_one.remote(prompt, max_tokens, self.temperature, self.top_p).future()
@@ -125,5 +126,6 @@ def engine_clients(engine_names: list[str], temperature: float, top_p: float) ->
     """A client per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens, as vLLM
     sized it (num_gpu_blocks x block_size)."""
     engines = [get(n) for n in engine_names]
-    caps = [int(i["kv_capacity_tokens"]) for i in ray.get([e.info.remote() for e in engines])]
-    return [EngineClient(e, temperature, top_p) for e in engines], caps
+    infos = ray.get([e.info.remote() for e in engines])
+    caps = [int(i["kv_capacity_tokens"]) for i in infos]
+    return [EngineClient(e, temperature, top_p, int(i["block_size"] or 1)) for e, i in zip(engines, infos)], caps

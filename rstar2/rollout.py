@@ -218,7 +218,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
     step's scheduling metrics (per engine: busy share, KV usage mean/max, preemptions; queue wait, tool wait,
     requeues, engine failures)."""
     trajs = make_trajs(tokenizer, problems, n_samples, limits)
-    sched = Scheduler(capacities, cfg, policy, estimator)
+    sched = Scheduler(capacities, cfg, policy, estimator, max(getattr(e, "block_size", 1) for e in engines))
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
     for i, t in enumerate(trajs):
