@@ -178,7 +178,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                                                     "(none match: the shipped lengths of 14,592 real rollouts)"),
                   workers: int = typer.Option(1, help="simulation processes (one scenario x seed each)"),
                   policy: list[str] = typer.Option([], help="simulated policies (default: all, oracles included)"),
-                  extend: Optional[Path] = typer.Option(None, help="an earlier --json of this command: its simulated "
+                  extend: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help="an earlier --json of this command: its simulated "
                                                                    "runs are kept and summarised with the new ones"),
                   icc: Optional[float] = typer.Option(None, help="use this correlation instead of measuring it"),
                   sim: bool = typer.Option(True, help="the simulated policy comparison"),
@@ -272,7 +272,11 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
                  on_done=lambda sc, seed: console.print(f"  {sc.name} seed {seed} done", style="dim"),
                  policies=tuple(policies) or BENCH_POLICIES)
     if extend:  # same scenarios, seeds and correlation: the simulation is deterministic given them
-        old = json.loads(extend.read_text())["sim"]
+        try:
+            old = json.loads(extend.read_text())["sim"]
+        except (ValueError, KeyError, TypeError):
+            console.print(f"[red]error:[/red] {extend} is not a --json of `rstar2 bench rollout` with simulated runs")
+            raise typer.Exit(2)
         if (old["engines"], old["prompts"], round(old["icc"], 6)) != (engines, prompts, round(icc, 6)):
             console.print(f"[red]error:[/red] {extend} was simulated with other engines/prompts/ICC")
             raise typer.Exit(2)

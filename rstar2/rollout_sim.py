@@ -524,24 +524,23 @@ def sweep(grid: list[Scenario], seeds: int, icc_value: float, cfg: SchedulerCfg,
           on_done=None, policies: tuple[str, ...] = BENCH_POLICIES) -> list[dict]:
     """Every scenario x seed (each a separate process when workers > 1: a paper-scale step takes seconds to a
     minute per policy); rows in a fixed order whatever the completion order."""
-    jobs = [(sc, seed) for sc in grid for seed in range(seeds)]
-    if workers <= 1:
-        out = []
-        for sc, seed in jobs:
-            out.append(run_scenario(sc, seed, icc_value, cfg, policies))
-            if on_done:
-                on_done(sc, seed)
-        return [r for rows in out for r in rows]
     from concurrent.futures import ProcessPoolExecutor
+    from itertools import repeat
 
-    with ProcessPoolExecutor(workers) as pool:
-        futs = [pool.submit(run_scenario, sc, seed, icc_value, cfg, policies) for sc, seed in jobs]
+    jobs = [(sc, seed) for sc in grid for seed in range(seeds)]
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    try:
+        results = (pool.map if pool else map)(run_scenario, [sc for sc, _ in jobs], [seed for _, seed in jobs],
+                                              repeat(icc_value), repeat(cfg), repeat(policies))
         out = []
-        for (sc, seed), f in zip(jobs, futs):
-            out.append(f.result())
+        for (sc, seed), rows in zip(jobs, results):
+            out.extend(rows)
             if on_done:
                 on_done(sc, seed)
-    return [r for rows in out for r in rows]
+        return out
+    finally:
+        if pool:
+            pool.shutdown()
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -265,10 +265,17 @@ class EngineView:
     @property
     def peak(self) -> float:
         """Expected peak KV of what runs here (the max over the coming tokens of the summed footprints)."""
-        return float((self.load[0] + self.z * np.sqrt(np.maximum(self.load[1], 0))).max()) + self.prompts + self.lag
+        return float(_upper(self.load, self.z).max()) + self.prompts + self.lag
+
+
+def _upper(load: np.ndarray, z: float) -> np.ndarray:
+    """Mean + z standard deviations of summed footprints: load [..., 2, POINTS] (mean, variance) -> [..., POINTS]."""
+    return load[..., 0, :] + z * np.sqrt(np.maximum(load[..., 1, :], 0))
 
 
 class Scheduler:
+    ORACLE_SCAN = 2  # oracle: how many of the next-longest to try when the longest fits nowhere
+
     def __init__(self, capacities: list[int], cfg: SchedulerCfg, policy: str | None = None,
                  estimator: LengthEstimator | None = None, block_size: int = 1):
         """capacities: KV tokens per engine; block_size: vLLM's KV block (tokens are allocated in whole blocks:
@@ -412,8 +419,6 @@ class Scheduler:
                 break
         return picks
 
-    ORACLE_SCAN = 2
-
     def _set_margin(self) -> None:
         """kv_aware keeps kv_z standard deviations of room for the randomness of lengths, except when the rest of
         the queue, spread over the live engines, would fit their budgets within `kv_tail_slack` on the mean: then
@@ -450,10 +455,8 @@ class Scheduler:
             charge = 0
         else:
             charge = tv.prompt_len if sib is None else np.where(sib > 0, 0, tv.prompt_len)
-        mean = self._loads[:, 0] + fp[0]  # [E, POINTS]
-        if z:
-            mean = mean + z * np.sqrt(np.maximum(self._loads[:, 1] + fp[1], 0))
-        rooms = np.where(self._can_take, self._base - charge - mean.max(axis=1), -np.inf)  # [E]
+        upper = _upper(self._loads + fp[None], z) if z else self._loads[:, 0] + fp[0]  # [E, POINTS]
+        rooms = np.where(self._can_take, self._base - charge - upper.max(axis=1), -np.inf)  # [E]
         return rooms, self._can_take & ((rooms >= 0) | self._idle)
 
     def _sync(self, e: int) -> None:
