@@ -52,7 +52,7 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
             continue
         spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                           kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
-                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization)
+                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size)
         # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor:
         # its event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
         _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(EngineActor).options(

@@ -43,6 +43,7 @@ class EngineSpec:
     dtype: str = "bfloat16"
     seed: int = 0
     gpu_memory_utilization: float | None = None  # GPUs: size KV by utilisation instead of bytes
+    block_size: int | None = None  # KV block (tokens); None: vLLM's default for the platform
 
 
 class Backend(Protocol):
@@ -54,6 +55,9 @@ class Backend(Protocol):
         """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason)."""
 
     def reload(self, model_dir: str) -> None: ...
+
+    def reset_cache(self) -> None:
+        """Drop the prefix cache (no request running)."""
 
     def stats(self) -> dict:
         """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
@@ -71,7 +75,7 @@ class EngineLoop:
         self._cv = threading.Condition()
         self._inbox: list[tuple] = []
         self._held: list[tuple] = []  # requests that arrived during a reload
-        self._reloads: list[tuple[str, Future]] = []
+        self._reloads: list[tuple[Callable[[], object], Future]] = []  # work that needs a drained engine
         self._futs: dict[str, Future] = {}
         self._ids = itertools.count()
         self._error: BaseException | None = None
@@ -100,9 +104,17 @@ class EngineLoop:
         return futs
 
     def reload(self, model_dir: str) -> Future:
+        return self._when_drained(lambda: self.backend.reload(model_dir))
+
+    def reset_cache(self) -> Future:
+        """Empty the prefix cache once in-flight requests are done (a benchmark's runs start cold, as an RL step's
+        new prompts do); admission pauses meanwhile, as for a reload."""
+        return self._when_drained(self.backend.reset_cache)
+
+    def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
-            self._inbox.append(("reload", (model_dir, fut)))
+            self._inbox.append(("reload", (work, fut)))
             self._cv.notify()
         return fut
 
@@ -145,9 +157,9 @@ class EngineLoop:
                 self._add(what)
         if self._reloads and not self._futs:  # drained: reload now, then admit what waited
             while self._reloads:
-                model_dir, fut = self._reloads.pop(0)
+                work, fut = self._reloads.pop(0)
                 t0 = time.perf_counter()
-                self.backend.reload(model_dir)
+                work()
                 fut.set_result(time.perf_counter() - t0)
             held, self._held = self._held, []
             self._add(held)
@@ -187,6 +199,8 @@ class _VLLMBackend:
 
         kv = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
             "kv_cache_memory_bytes": spec.kv_cache_bytes}
+        if spec.block_size:
+            kv["block_size"] = spec.block_size
         self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
@@ -214,6 +228,9 @@ class _VLLMBackend:
     def reload(self, model_dir: str) -> None:
         self.engine.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
         self.engine.collective_rpc(_repack_cpu_lm_head)
+        self.engine.reset_prefix_cache()
+
+    def reset_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
     def stats(self) -> dict:
@@ -270,6 +287,9 @@ class VLLMEngine:
         self.weights_version = model_dir
         return took
 
+    def reset_cache(self) -> float:
+        return self.loop.reset_cache().result()
+
     def info(self) -> dict:
         return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(), **self._backend.capacity()}
 
@@ -298,6 +318,9 @@ class EngineActor(VLLMEngine):
         took = await asyncio.wrap_future(self.loop.reload(model_dir))
         self.weights_version = model_dir
         return took
+
+    async def reset_cache(self) -> float:  # noqa: D102
+        return await asyncio.wrap_future(self.loop.reset_cache())
 
     async def info(self) -> dict:  # noqa: D102
         return VLLMEngine.info(self)

@@ -17,8 +17,9 @@ their last completed turn, and a late answer from the dead engine is never appli
 
 from __future__ import annotations
 
+import queue
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -202,6 +203,33 @@ class _Watch:
         self.preemptions = (p, p) if self.preemptions is None else (self.preemptions[0], max(p, self.preemptions[1]))
 
 
+class _Outstanding(dict):
+    """Futures in flight -> what they are. Each one reports to a queue when it completes, so the agent loop waits on
+    that queue: O(1) per event, where `concurrent.futures.wait` re-arms every outstanding future each time (hundreds
+    of turns in flight, an event per turn)."""
+
+    def __init__(self):
+        super().__init__()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def __setitem__(self, fut: Future, what: tuple) -> None:
+        super().__setitem__(fut, what)
+        fut.add_done_callback(self._done.put)
+
+    def completed(self, timeout: float) -> list[Future]:
+        """The futures completed since the last call (waits up to `timeout` for a first one); some may have been
+        dropped from the map meanwhile (abandoned with a dead engine): the caller skips those."""
+        try:
+            out = [self._done.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+
 def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
                   problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
                   on_done: Callable[[int, int], None] | None = None,
@@ -224,7 +252,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
     for i, t in enumerate(trajs):
         sched.submit(i, t.problem_id, len(t.prompt_ids), t.budget, 0.0)
     watch = [_Watch() for _ in engines]
-    futs: dict[Future, tuple] = {}  # what each outstanding future is: ("gen", e, tid) | ("tool", e, pending) | ("probe", e)
+    futs = _Outstanding()  # what each outstanding future is: ("gen", e, tid) | ("tool", e, pending) | ("probe", e)
     at_tool: set[int] = set()  # waiting on the sandbox: its next turn is sent once the reply is in
     tool_waits: list[float] = []
     failures: list[dict] = []
@@ -301,7 +329,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
             probe_all()
             if all(what[0] == "probe" for what in futs.values()):
                 raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")
-            done, _ = wait(list(futs), timeout=cfg.probe_interval_s, return_when=FIRST_COMPLETED)
+            done = futs.completed(timeout=cfg.probe_interval_s)
             for f in done:
                 what = futs.pop(f, None)
                 if what is None:

@@ -9,7 +9,8 @@ tool calls overlap other trajectories' generation instead of being added to it.
 This machine is small and shared, so one run per policy says little: each KV configuration runs `rounds` rounds,
 each round every policy once, the policy order rotated round to round (no policy always runs first or last), and
 the figures are medians over rounds. Every policy run is paired with a raw generate right before it, and its
-"vs raw" ratio is taken within the pair, so a change of machine load between runs cancels out of the ratio. A first, uncounted kv_aware batch warms the engines, the
+"vs raw" ratio is taken within the pair, so a change of machine load between runs cancels out of the ratio. Both
+runs of a pair start with empty prefix caches (the prompts are the same in every run, an RL step's are new). A first, uncounted kv_aware batch warms the engines, the
 sandbox and kv_aware's length estimator (in the RL loop it learns from the previous steps; here from the rounds so
 far). Two KV sizes: the configured one, and a tight one where the batch's working set does not fit (there the
 placement decides how much KV is recomputed after preemptions)."""
@@ -56,7 +57,9 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
                               estimator=est)  # warm-up, not counted
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+                _cold(names)
                 raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
+                _cold(names)
                 run = _scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
                                  est if policy == "kv_aware" else None)
                 runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"]})
@@ -65,6 +68,12 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
                 "raw_tokens_per_s_median": raw_tps, "runs": runs, "policies": _summarize(runs, policies)}
     finally:
         cluster.stop(names)
+
+
+def _cold(names: list[str]) -> None:
+    """Empty every engine's prefix cache: each measured run starts without the KV of the same prompts from the run
+    before (an RL step's prompts are new), so neither side of a pair reuses the other's."""
+    ray.get([cluster.get(n).reset_cache.remote() for n in names])
 
 
 def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:

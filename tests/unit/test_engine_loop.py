@@ -41,6 +41,9 @@ class Toy:
         self.inflight_at_reload.append(len(self.reqs))
         self.version = int(model_dir)
 
+    def reset_cache(self):
+        self.inflight_at_reload.append(len(self.reqs))
+
     def stats(self):
         return {"kv_usage": len(self.reqs) / 100, "preemptions": 0}
 
@@ -77,6 +80,17 @@ def test_reload_drains_in_flight_and_holds_new_requests(loop):
     assert toy.inflight_at_reload == [0]  # the reload ran on a drained engine
     assert all(f.done() and f.result()[0] == [0] * 30 for f in before)  # in flight: finished on the old weights
     assert [f.result(timeout=5)[0] for f in after] == [[1] * 5] * 3  # held: admitted after, on the new weights
+
+
+def test_cache_reset_waits_for_a_drained_engine(loop):
+    lp, toy = loop
+    before = [lp.submit([1], 20) for _ in range(2)]
+    time.sleep(0.01)
+    reset = lp.reset_cache()
+    after = lp.submit([2], 3)
+    assert reset.result(timeout=5) >= 0
+    assert toy.inflight_at_reload == [0] and all(f.done() for f in before)  # vLLM refuses a reset while blocks are used
+    assert after.result(timeout=5)[0] == [0] * 3  # held meanwhile, then admitted
 
 
 def test_concurrent_submitters_lose_nothing(loop):
