@@ -377,10 +377,13 @@ class Scheduler:
         return picks
 
     def _pick_kv(self) -> list[tuple[int, int]]:
-        """Queue head to an engine where its expected footprint fits the budget: the one with the fewest of its
-        siblings (spreading a prompt's correlated rollouts is most of the gain over a prompt-grouped split), then
-        the most headroom. None fits: wait for a release, unless an engine is idle (a footprint larger than a
-        whole budget must not deadlock)."""
+        """Queue head to the engine with the most room left after it starts there, where its expected footprint
+        fits the budget. An engine that already runs a sibling has the prompt's shared blocks already: the room
+        counts that, so siblings go together where KV is otherwise even and spread where one engine fills up.
+        (Spreading siblings first instead, against correlated lengths, measured 1.12x -> 1.07x the best schedule
+        at stage 1 and 1.25x -> 1.19x at stage 2 worse at the measured within-prompt correlation: it paid a
+        prompt's KV on every engine.) None fits: wait for a release, unless an engine is idle (a footprint larger
+        than a whole budget must not deadlock)."""
         self._set_margin()
         picks = []
         while self._queue:
@@ -391,9 +394,7 @@ class Scheduler:
                 self.engines[i].blocked = True
             if not fits.any():
                 break
-            siblings = self._siblings.get(tv.group, np.zeros(len(self.engines)))
-            order = np.lexsort((-rooms, siblings))  # fewest siblings, then most room
-            best = int(order[np.argmax(fits[order])])
+            best = int(np.argmax(np.where(fits, rooms, -np.inf)))
             self._queue.pop()
             picks.append((tv.tid, best))
             self._start(tv, best, fp)
@@ -450,11 +451,8 @@ class Scheduler:
         start: dead or at max_inflight), and whether it fits (an idle engine takes anything: a footprint larger
         than a whole budget must not deadlock)."""
         z = self.engines[0].z
-        sib = self._siblings.get(tv.group)
-        if self.block_size > 1 and self.policy == "kv_aware":
-            charge = 0
-        else:
-            charge = tv.prompt_len if sib is None else np.where(sib > 0, 0, tv.prompt_len)
+        sib, shared = self._siblings.get(tv.group), self._shared_prompt(tv)
+        charge = shared if sib is None else np.where(sib > 0, 0, shared)
         upper = _upper(self._loads + fp[None], z) if z else self._loads[:, 0] + fp[0]  # [E, POINTS]
         rooms = np.where(self._can_take, self._base - charge - upper.max(axis=1), -np.inf)  # [E]
         return rooms, self._can_take & ((rooms >= 0) | self._idle)
@@ -481,18 +479,16 @@ class Scheduler:
             return LengthEstimator.known(tv.response_len, tv.known_len, self._h)
         if self.policy != "kv_aware":
             return None
-        if self.block_size > 1:  # the prompt sits in the trajectory's own blocks (vLLM shares only full blocks)
-            return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h, tv.prompt_len,
-                                            self.block_size)
-        return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h)
+        own = tv.prompt_len - self._shared_prompt(tv)  # the prompt's partial last block, then the response
+        return self.estimator.footprint(tv.response_len, tv.turns, tv.budget, self._h, own, self.block_size)
+
+    def _shared_prompt(self, tv: TrajView) -> int:
+        """The prompt KV all rollouts of a prompt on one engine share (vLLM's prefix cache shares whole blocks):
+        charged once per engine; the partial last block is each trajectory's own, in its footprint."""
+        return tv.prompt_len // self.block_size * self.block_size
 
     def _charge(self, v: EngineView, tv: TrajView) -> int:
-        """The prompt's KV is shared by all rollouts of a prompt on one engine (vLLM's prefix cache): charged once
-        (with whole blocks, kv_aware counts it in each trajectory's footprint instead)."""
-        if self.block_size > 1 and self.policy == "kv_aware":
-            return 0
-        return 0 if v.groups.get(tv.group) else tv.prompt_len
-
+        return 0 if v.groups.get(tv.group) else self._shared_prompt(tv)
 
     def _start(self, tv: TrajView, e: int, fp: np.ndarray | None = None) -> None:
         if tv.state != QUEUED:
@@ -595,7 +591,7 @@ class Scheduler:
         v.groups[tv.group] -= 1
         if not v.groups[tv.group]:
             del v.groups[tv.group]
-            v.prompts -= tv.prompt_len
+            v.prompts -= self._shared_prompt(tv)
         if tv.footprint is not None:
             v.load -= tv.footprint
         if not v.inflight:  # no float drift on an empty engine

@@ -249,3 +249,25 @@ def test_block_granular_footprints():
         s = Scheduler([1_280], cfg, "kv_aware", est, block_size=block)
         _submit(s, 14, budget=480, prompt=60)  # grid step 10: a fresh one holds at most 60 + 30 tokens unrounded
         assert len(s.dispatch(0.0)) == admitted
+
+
+def test_siblings_share_the_prompts_whole_blocks_and_go_where_they_save_kv():
+    """Blocks of 32: a 100-token prompt is 96 tokens of whole blocks, shared by its rollouts on one engine (charged
+    once there), and a 4-token partial block each rollout holds itself. With KV otherwise even, a sibling goes
+    where its prompt already is (96 tokens more room); the shared blocks are freed with the last rollout of the
+    prompt on that engine, and only then."""
+    cfg = SchedulerCfg(kv_z=0.0, probes_per_prompt=1)
+    s = Scheduler([10_000, 10_000], cfg, "kv_aware", _learned([40] * 32), block_size=32)
+    for tid, group in enumerate(["a", "b", "a"]):
+        s.submit(tid, group, 100, 480, 0.0)
+    assert dict(s.dispatch(0.0)) == {0: 0, 1: 1, 2: 0}
+    assert [v.prompts for v in s.engines] == [96, 96]
+    s.release(0, "finished", 1.0)
+    assert s.engines[0].prompts == 96  # rollout 2 still reads the prompt's blocks
+    one = Scheduler([10_000], cfg, "kv_aware", _learned([40] * 32), block_size=32)
+    for tid, group in enumerate(["a", "b", "a"]):
+        one.submit(tid, group, 100, 480, 0.0)
+    one.dispatch(0.0)
+    one.release(0, "finished", 1.0)
+    one.release(2, "finished", 1.0)
+    assert one.engines[0].prompts == 96  # a's blocks freed, b's kept
