@@ -191,7 +191,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                   real_rounds: int = typer.Option(3, help="real run: rounds (every policy once each, order rotated); "
                                                           "figures are medians over rounds"),
                   real_kv_mb: list[int] = typer.Option([], help="real run: KV cache MiB per engine, one configuration "
-                                                                "each (default: the run's, and 1/8 of it: tight)"),
+                                                                "each (default: the run's, and 1/16 of it: tight)"),
                   preset: str = typer.Option("tiny", help="real run: config when <run-dir>/config.json is absent"),
                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Rollout scheduling policies in simulation (rstar2/rollout_sim.py, driven by rstar2/scheduler.py): makespan
@@ -223,7 +223,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     if rounds < 1 or any(m <= 0 for m in kv_mb):
         console.print("[red]error:[/red] --real-rounds and --real-kv-mb must be positive")
         raise typer.Exit(2)
-    kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 8)]
+    kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 16)]
     res = rollout_bench.real_run(cfg, model_dir, rollout_bench.problems_of(str(run_dir)), prompts, samples,
                                  ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
     res["load_avg_end"] = os.getloadavg()
