@@ -127,7 +127,7 @@ class EngineCfg(_Cfg):
     kv_cache_mb: int = 256
     gpu_memory_utilization: float | None = None
     dtype: str = "bfloat16"
-    block_size: int | None = None  # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole
+    block_size: int | None = Field(None, ge=1)  # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole
     # blocks are prefix-cached: smaller blocks let a trajectory's next turn and a prompt's siblings reuse more KV
 
 

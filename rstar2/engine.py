@@ -114,7 +114,7 @@ class EngineLoop:
     def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
-            self._inbox.append(("reload", (work, fut)))
+            self._inbox.append(("drained", (work, fut)))
             self._cv.notify()
         return fut
 
@@ -149,7 +149,7 @@ class EngineLoop:
 
     def _iterate(self, cmds: list[tuple]) -> None:
         for kind, what in cmds:
-            if kind == "reload":
+            if kind == "drained":
                 self._reloads.append(what)
             elif self._reloads:
                 self._held += what  # admission is paused while a reload waits or runs
@@ -181,7 +181,7 @@ class EngineLoop:
             self._error = err
             pending = list(self._futs.values()) + [r[-1] for r in self._held] + [f for _, f in self._reloads]
             pending += [r[-1] for kind, what in self._inbox if kind == "add" for r in what]
-            pending += [what[1] for kind, what in self._inbox if kind == "reload"]
+            pending += [what[1] for kind, what in self._inbox if kind == "drained"]
             self._futs, self._held, self._reloads, self._inbox = {}, [], [], []
         for f in pending:
             if not f.done():

@@ -268,6 +268,11 @@ class EngineView:
         return float(_upper(self.load, self.z).max()) + self.prompts + self.lag
 
 
+def _most_roomy(rooms: np.ndarray, fits: np.ndarray) -> int:
+    """The engine with the most room among those where the trajectory fits (at least one does)."""
+    return int(np.argmax(np.where(fits, rooms, -np.inf)))
+
+
 def _upper(load: np.ndarray, z: float) -> np.ndarray:
     """Mean + z standard deviations of summed footprints: load [..., 2, POINTS] (mean, variance) -> [..., POINTS]."""
     return load[..., 0, :] + z * np.sqrt(np.maximum(load[..., 1, :], 0))
@@ -380,9 +385,9 @@ class Scheduler:
         """Queue head to the engine with the most room left after it starts there, where its expected footprint
         fits the budget. An engine that already runs a sibling has the prompt's shared blocks already: the room
         counts that, so siblings go together where KV is otherwise even and spread where one engine fills up.
-        (Spreading siblings first instead, against correlated lengths, measured 1.12x -> 1.07x the best schedule
-        at stage 1 and 1.25x -> 1.19x at stage 2 worse at the measured within-prompt correlation: it paid a
-        prompt's KV on every engine.) None fits: wait for a release, unless an engine is idle (a footprint larger
+        (Spreading siblings first instead, against correlated lengths, was 1.10-1.11x the best schedule at stage 1
+        and 1.25x at stage 2, against 1.06-1.07x and 1.19x now, at the measured within-prompt correlation: it paid
+        a prompt's KV on every engine.) None fits: wait for a release, unless an engine is idle (a footprint larger
         than a whole budget must not deadlock)."""
         self._set_margin()
         picks = []
@@ -394,7 +399,7 @@ class Scheduler:
                 self.engines[i].blocked = True
             if not fits.any():
                 break
-            best = int(np.argmax(np.where(fits, rooms, -np.inf)))
+            best = _most_roomy(rooms, fits)
             self._queue.pop()
             picks.append((tv.tid, best))
             self._start(tv, best, fp)
@@ -444,7 +449,7 @@ class Scheduler:
     def _most_room(self, tv: TrajView, fp: np.ndarray) -> int | None:
         """The engine with the most room where tv (footprint fp) fits."""
         rooms, fits = self._rooms(tv, fp)
-        return int(np.argmax(np.where(fits, rooms, -np.inf))) if fits.any() else None
+        return _most_roomy(rooms, fits) if fits.any() else None
 
     def _rooms(self, tv: TrajView, fp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per engine: budget left over the coming tokens if tv (footprint fp) starts there (-inf where it cannot
