@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rstar2.grpo import token_logprobs
 
 VARLEN = "rstar2_varlen"  # the attention implementation name registered for packed rows
 
@@ -205,19 +204,3 @@ def use_varlen_attention(model) -> None:
     if VARLEN not in AttentionInterface._global_mapping:
         AttentionInterface.register(VARLEN, varlen_attention)
     model.set_attn_implementation(VARLEN)
-
-
-# --- helpers kept for the SFT loop (rstar2/sft.py): full-logits forward with a padding mask
-
-def pad_right(seqs: Sequence[Sequence[int]], pad_value: int, dtype=torch.long) -> torch.Tensor:
-    width = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), width), pad_value, dtype=dtype)  # (B, T)
-    for row, s in enumerate(seqs):
-        out[row, : len(s)] = torch.as_tensor(list(s), dtype=dtype)
-    return out
-
-
-def next_token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """log p(ids[:, t+1] | ids[:, :t+1]) for every position: (B, T) -> (B, T-1), float32."""
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]  # (B, T-1, V)
-    return token_logprobs(logits, ids[:, 1:])

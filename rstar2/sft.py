@@ -1,4 +1,7 @@
-"""Non-reasoning SFT (paper §4.1): next-token loss on assistant tokens only; prompts and tool responses are masked."""
+"""Non-reasoning SFT (paper §4.1): next-token loss on assistant tokens only; prompts and tool responses are masked.
+
+Batches are right-padded buckets of similar length (rstar2.batching, as the RL trainer's), and the LM head runs only
+on the hidden states that predict an assistant token: about 40% of positions in the tiny world's transcripts."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2 import device as dev
-from rstar2.batching import next_token_logprobs, pad_right, token_budget_batches
+from rstar2.batching import collate, loss_token_logprobs, token_budget_batches
 from rstar2.world.tokenizer import load as load_tokenizer
 
 
@@ -47,7 +50,8 @@ def train(model_dir: Path, sft_parquet: Path, out_dir: Path, *, epochs: float, l
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
     rows = pl.read_parquet(sft_parquet).select("texts", "trainable").rows()
     data = [tokenize_segments(tok, list(t), list(m)) for t, m in rows]
-    lengths = [len(ids) for ids, _ in data]
+    ids, masks = [d[0] for d in data], [d[1] for d in data]
+    lengths = [len(x) for x in ids]
     n_batches = len(token_budget_batches(lengths, batch_tokens))
     total = max(1, int(n_batches * epochs))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -60,19 +64,17 @@ def train(model_dir: Path, sft_parquet: Path, out_dir: Path, *, epochs: float, l
         for batch in token_budget_batches(lengths, batch_tokens, rng):
             if step >= total:
                 break
-            ids = pad_right([data[i][0] for i in batch], tok.pad_token_id).to(dv)  # (B, T)
-            attn = pad_right([[1] * lengths[i] for i in batch], 0).to(dv)  # (B, T)
-            mask = pad_right([data[i][1] for i in batch], 0).to(dv)[:, 1:].float()  # (B, T-1): loss on targets
+            mb = collate(ids, masks, batch, tok.pad_token_id, packed=False).to(dv)  # (B, T) rows, N loss tokens
             with dev.autocast(dv, dtype):
-                logp = next_token_logprobs(model, ids, attn)  # (B, T-1)
-            loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+                logp, _ = loss_token_logprobs(model, mb)  # (N,)
+            loss = -logp.mean() if logp.numel() else logp.sum()  # mean over assistant tokens
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             step += 1
-            tokens += int(attn.sum())
+            tokens += mb.real_tokens
             loss_ema = loss.item() if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * loss.item()
             if on_progress:
                 on_progress(step, total, loss_ema)
