@@ -16,15 +16,18 @@ stamp="$venv/.rstar2-lock.sha256"
 ensure_env() {
   local want; want="$(sha256sum "$lock" pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
-  echo "[rstar2] creating $venv from $lock (about 3-4 minutes the first time)" >&2
+  echo "[rstar2] creating $venv from $lock (about 2-3 minutes the first time)" >&2
   local log="$root/.rstar2/pip-install.log"
   mkdir -p "$root/.rstar2"
   python3 -m venv "$venv"
   {
     "$venv/bin/pip" install -U "pip==26.3"
     # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break vllm.
-    DS_BUILD_OPS=0 "$venv/bin/pip" install --no-deps -r "$lock"
-    "$venv/bin/pip" install --no-deps -e .
+    # --no-compile + compileall on every core: pip byte-compiles file by file (measured: 1m11s install + 65 s
+    # compile on 2 cores, instead of ~4 min); compileall's errors are py3.12-only test files, skipped as pip does.
+    DS_BUILD_OPS=0 "$venv/bin/pip" install --no-compile --no-deps -r "$lock"
+    "$venv/bin/pip" install --no-compile --no-deps -e .
+    "$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
   } > "$log" 2>&1 || { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
   echo "$want" > "$stamp"
 }
