@@ -93,9 +93,10 @@ def engine_generate(engine_names: list[str], temperature: float, top_p: float):
     """A rollout GenerateFn that spreads each turn's prompts over the engines (round-robin chunks)."""
     engines = [get(n) for n in engine_names]
 
-    def generate(prompts, max_tokens):
+    def generate(prompts, max_tokens, seeds=None):
         k = len(engines)
-        futs = [e.generate.remote(prompts[i::k], max_tokens[i::k], temperature, top_p)
+        seeds = seeds or [None] * len(prompts)
+        futs = [e.generate.remote(prompts[i::k], max_tokens[i::k], temperature, top_p, seeds[i::k])
                 for i, e in enumerate(engines)]
         parts = ray.get(futs)
         out = [None] * len(prompts)
@@ -115,8 +116,8 @@ class EngineClient:
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
         self.block_size = block_size  # vLLM's KV block in tokens: the scheduler counts KV in whole blocks
 
-    def submit(self, prompt: list[int], max_tokens: int):
-        return self.handle.generate_one.remote(prompt, max_tokens, self.temperature, self.top_p).future()
+    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None):
+        return self.handle.generate_one.remote(prompt, max_tokens, self.temperature, self.top_p, seed).future()
 
     def probe(self):
         return self.handle.stats.remote().future()

@@ -186,6 +186,7 @@ class EvalCfg(_Cfg):
     n_problems: int | None = None  # None = the whole held-out split
     every: int = 0  # also evaluate every N RL steps (0 = only at stage end)
     split: Literal["test", "val"] = "test"  # tune on "val"; report on "test"
+    seed: int = 0  # sampling seed: a checkpoint's pass@1 does not depend on when or beside what it is evaluated
 
 
 class RunCfg(_Cfg):

@@ -18,6 +18,11 @@ LM head is repacked, and the prefix cache is reset so no stale KV is reused. A r
 arriving meanwhile are held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload
 comes between steps, so there are none), then the reload runs and the held requests are admitted. Draining rather
 than aborting means no request is lost or redone.
+
+Sampling is seeded per request when the caller gives a seed (the agent loop gives every trajectory-turn its own):
+a turn's tokens then do not depend on which engine runs it or what is batched beside it, so a scheduled rollout
+is reproducible although its order is timing. vLLM's CPU backend cannot rewind a request's generator after a
+partial prefill, so there every prefill is whole (chunked prefill off; a step takes a whole context).
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ class EngineSpec:
 class Backend(Protocol):
     """What EngineLoop drives: vLLM's LLMEngine (see VLLMEngine), or a toy in unit tests."""
 
-    def add(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float) -> None: ...
+    def add(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
+            seed: int | None = None) -> None:
+        """Admit a request; `seed` makes its sampling its own (independent of what else is batched with it)."""
 
     def step(self) -> list[tuple[str, list[int], str]]:
         """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason)."""
@@ -86,20 +93,22 @@ class EngineLoop:
         self._thread.start()
 
     # ---- callers (any thread) ---------------------------------------------------------------------------
-    def submit(self, prompt: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0) -> Future:
-        return self.submit_many([prompt], [max_tokens], temperature, top_p)[0]
+    def submit(self, prompt: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+               seed: int | None = None) -> Future:
+        return self.submit_many([prompt], [max_tokens], temperature, top_p, [seed])[0]
 
     def submit_many(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
-                    top_p: float = 1.0) -> list[Future]:
+                    top_p: float = 1.0, seeds: list[int | None] | None = None) -> list[Future]:
         """Enqueue requests together (admitted in the same step, in order, like one `LLM.generate` call)."""
         futs = [Future() for _ in prompts]
+        seeds = seeds or [None] * len(prompts)
         with self._cv:
             if self._error is not None or self._stop:
                 for f in futs:
                     f.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
                 return futs
-            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, f)
-                                        for p, m, f in zip(prompts, max_tokens, futs)]))
+            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, f)
+                                        for p, m, s, f in zip(prompts, max_tokens, seeds, futs)]))
             self._cv.notify()
         return futs
 
@@ -172,9 +181,9 @@ class EngineLoop:
                 self._futs.pop(rid).set_result((ids, finish, snap))
 
     def _add(self, reqs: list[tuple]) -> None:
-        for rid, prompt, max_tokens, temperature, top_p, fut in reqs:
+        for rid, prompt, max_tokens, temperature, top_p, seed, fut in reqs:
             self._futs[rid] = fut
-            self.backend.add(rid, prompt, max_tokens, temperature, top_p)
+            self.backend.add(rid, prompt, max_tokens, temperature, top_p, seed)
 
     def _fail(self, err: BaseException) -> None:
         with self._cv:
@@ -194,29 +203,30 @@ class _VLLMBackend:
     def __init__(self, spec: EngineSpec):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 5 s start instead of 30 on CPU
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        kv = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
+        opts = {"gpu_memory_utilization": spec.gpu_memory_utilization} if spec.gpu_memory_utilization else {
             "kv_cache_memory_bytes": spec.kv_cache_bytes}
         if spec.block_size:
-            kv["block_size"] = spec.block_size
+            opts["block_size"] = spec.block_size
+        if current_platform.is_cpu():  # seeded requests need whole prefills there (see the module docstring)
+            opts.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, spec.max_model_len))
         self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
-                          enable_prefix_caching=True, disable_log_stats=False, **kv)
+                          enable_prefix_caching=True, disable_log_stats=False, **opts)
         # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
         # bare engine's are 128 / 2048)
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
         self.eos_id = self.engine.get_tokenizer().eos_token_id
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        # sampling is seeded once per engine (per-request seeds break chunked prefill on vLLM's CPU backend:
-        # "CPU Generator does not use offset")
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                 stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
@@ -277,9 +287,9 @@ class VLLMEngine:
         self.loop = EngineLoop(self._backend, name=f"vllm-loop-{spec.seed}")
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[tuple[list[int], str]]:
+                 top_p: float = 1.0, seeds: list[int | None] | None = None) -> list[tuple[list[int], str]]:
         """One assistant turn per prompt: (new token ids, finish reason "stop" | "length"), all admitted at once."""
-        return [f.result()[:2] for f in self.loop.submit_many(prompts, max_tokens, temperature, top_p)]
+        return [f.result()[:2] for f in self.loop.submit_many(prompts, max_tokens, temperature, top_p, seeds)]
 
     def load_weights(self, model_dir: str) -> float:
         """Reload weights in place from a checkpoint directory (safetensors); returns seconds taken."""
@@ -306,12 +316,12 @@ class EngineActor(VLLMEngine):
     event loop even while a step runs, so a probe tells a busy engine (steps advancing) from a hung one."""
 
     async def generate_one(self, prompt: list[int], max_tokens: int, temperature: float = 1.0,
-                           top_p: float = 1.0) -> TurnOut:
-        return await asyncio.wrap_future(self.loop.submit(prompt, max_tokens, temperature, top_p))
+                           top_p: float = 1.0, seed: int | None = None) -> TurnOut:
+        return await asyncio.wrap_future(self.loop.submit(prompt, max_tokens, temperature, top_p, seed))
 
-    async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0):  # noqa: D102 - as VLLMEngine's
+    async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: D102 - as below
         outs = await asyncio.gather(*map(asyncio.wrap_future,
-                                         self.loop.submit_many(prompts, max_tokens, temperature, top_p)))
+                                         self.loop.submit_many(prompts, max_tokens, temperature, top_p, seeds)))
         return [o[:2] for o in outs]
 
     async def load_weights(self, model_dir: str) -> float:  # noqa: D102

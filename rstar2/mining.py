@@ -45,7 +45,7 @@ def mine(generate, checkpoint: str, train_uri: str, cfg: MiningCfg, limits: Roll
     rolled = str(out / "rollouts.parquet")
     limits = limits.model_copy(update={"temperature": cfg.temperature})
     info = steps.rollout_to_parquet(generate, checkpoint, problems.select("problem_id", "prompt", "answer").to_dicts(),
-                                    cfg.k, limits, sandbox_cfg, rolled, max_model_len, on_turn)
+                                    cfg.k, limits, sandbox_cfg, rolled, max_model_len, on_turn, seed=f"mine/{seed}")
     steps.score(rolled, sandbox_cfg, rolled)
     hard, counts = hard_set(problems, pl.read_parquet(rolled), cfg.k)
     if hard.height == 0:

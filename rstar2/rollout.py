@@ -13,12 +13,17 @@ batches whatever is in flight (continuous batching, rstar2.engine) and every tur
 run concurrently, so one trajectory's sandbox time overlaps the others' generation. An engine that fails, or hangs
 (no probe answer / no progress for `hang_timeout_s`), has its trajectories requeued to the others; they resume from
 their last completed turn, and a late answer from the dead engine is never applied.
+
+With a seed, every trajectory-turn samples from a seed of its own (`Trajectory.turn_seed`: the run's seed, problem,
+sample and turn), so the rollout is a function of the seed and the weights: the same whatever the policy, the
+engine count, the timing or an engine failure (as far as the engine's arithmetic does not depend on the batch).
 """
 
 from __future__ import annotations
 
 import queue
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -31,8 +36,8 @@ from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.scheduler import RUNNING, LengthEstimator, Scheduler
 from rstar2.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
 
-# generate(prompts, max_tokens) -> [(new_ids, finish_reason)], one assistant turn per prompt
-GenerateFn = Callable[[list[list[int]], list[int]], list[tuple[list[int], str]]]
+# generate(prompts, max_tokens, seeds) -> [(new_ids, finish_reason)], one assistant turn per prompt
+GenerateFn = Callable[[list[list[int]], list[int], list[int | None]], list[tuple[list[int], str]]]
 
 
 class Sandbox(Protocol):
@@ -61,10 +66,16 @@ class Trajectory:
     assistant_turns: list[str] = field(default_factory=list)
     truncated: bool = False
     done: bool = False
+    seed: int | None = None  # sampling seed of its first turn (None: the engine's own random stream)
 
     @property
     def num_turns(self) -> int:
         return len(self.assistant_turns)
+
+    def turn_seed(self) -> int | None:
+        """The next turn's sampling seed: a function of the trajectory and the turn alone, so its tokens do not
+        depend on which engine runs it, when, or beside which others (the scheduled rollout's order is timing)."""
+        return None if self.seed is None else zlib.crc32(f"{self.seed}/{self.num_turns}".encode())
 
 
 @dataclass
@@ -98,7 +109,10 @@ def _after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits)
     return _Pending(traj, request=req)
 
 
-def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits) -> list[Trajectory]:
+def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits,
+               seed: int | str | None = None) -> list[Trajectory]:
+    """`n_samples` trajectories per problem; with `seed`, trajectory k of a problem samples from a seed of its own
+    (derived from seed, problem id and k)."""
     trajs: list[Trajectory] = []
     for p in problems:
         prompt_ids = tokenizer(T.build_prompt(p["prompt"]), add_special_tokens=False)["input_ids"]
@@ -107,7 +121,9 @@ def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutL
             budget = min(budget, limits.max_model_len - len(prompt_ids))
         if budget <= 0:
             raise ValueError(f"problem {p['problem_id']}: prompt of {len(prompt_ids)} tokens leaves no room to answer")
-        trajs += [Trajectory(p["problem_id"], k, str(p["answer"]), prompt_ids, budget) for k in range(n_samples)]
+        trajs += [Trajectory(p["problem_id"], k, str(p["answer"]), prompt_ids, budget,
+                             seed=None if seed is None else zlib.crc32(f"{seed}/{p['problem_id']}/{k}".encode()))
+                  for k in range(n_samples)]
     return trajs
 
 
@@ -137,13 +153,14 @@ def _tool_turn(p: _Pending, tokenizer) -> bool:
 
 
 def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict], n_samples: int,
-        limits: RolloutLimits, on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+        limits: RolloutLimits, on_turn: Callable[[int, int], None] | None = None,
+        seed: int | str | None = None) -> list[Trajectory]:
     """Roll out `n_samples` trajectories per problem (dicts with problem_id, prompt, answer), turn by turn."""
-    trajs = make_trajs(tokenizer, problems, n_samples, limits)
+    trajs = make_trajs(tokenizer, problems, n_samples, limits, seed)
     turn = 0
     while live := [t for t in trajs if not t.done]:
         budgets = [t.budget - len(t.response_ids) for t in live]
-        outs = generate([t.prompt_ids + t.response_ids for t in live], budgets)
+        outs = generate([t.prompt_ids + t.response_ids for t in live], budgets, [t.turn_seed() for t in live])
         pending = [nxt for t, (ids, finish) in zip(live, outs)
                    if (nxt := _model_turn(t, ids, finish, tokenizer, limits)) is not None]
         to_run = [p for p in pending if p.request is not None]
@@ -160,7 +177,7 @@ def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict],
 class EngineClient(Protocol):
     """One engine as run_scheduled drives it (rstar2.cluster.EngineClient for a vLLM engine actor)."""
 
-    def submit(self, prompt: list[int], max_tokens: int) -> Future:
+    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None) -> Future:
         """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it)."""
 
     def probe(self) -> Future:
@@ -233,7 +250,8 @@ class _Outstanding(dict):
 def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: SchedulerCfg, sandbox: Sandbox, tokenizer,
                   problems: list[dict], n_samples: int, limits: RolloutLimits, policy: str | None = None,
                   on_done: Callable[[int, int], None] | None = None,
-                  estimator: LengthEstimator | None = None) -> tuple[list[Trajectory], dict]:
+                  estimator: LengthEstimator | None = None,
+                  seed: int | str | None = None) -> tuple[list[Trajectory], dict]:
     """Roll out through the scheduler (see module docstring). `estimator`: kv_aware's length model, carried over
     from the previous steps (it learns from their finished trajectories); a fresh one starts from a prior. engines[e] takes one trajectory-turn at a time and
     batches whatever is in flight (continuous batching); capacities[e] is its KV capacity in tokens. A turn is
@@ -244,8 +262,9 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
     dead: `sched.engine_failed` requeues its trajectories, which resume from their last completed turn elsewhere,
     and whatever it answers later is ignored (a turn is applied at most once). Returns the trajectories and the
     step's scheduling metrics (per engine: busy share, KV usage mean/max, preemptions; queue wait, tool wait,
-    requeues, engine failures)."""
-    trajs = make_trajs(tokenizer, problems, n_samples, limits)
+    requeues, engine failures). With `seed`, each turn samples from its own seed (Trajectory.turn_seed): the
+    trajectories are the same whatever the policy, placement or timing."""
+    trajs = make_trajs(tokenizer, problems, n_samples, limits, seed)
     sched = Scheduler(capacities, cfg, policy, estimator, max(getattr(e, "block_size", 1) for e in engines))
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
@@ -278,7 +297,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
             return
         t, e = trajs[tid], tv.engine
         try:
-            f = engines[e].submit(t.prompt_ids + t.response_ids, t.budget - len(t.response_ids))
+            f = engines[e].submit(t.prompt_ids + t.response_ids, t.budget - len(t.response_ids), t.turn_seed())
         except Exception as err:  # noqa: BLE001 - a dead engine: requeue, the batch completes
             return fail(e, repr(err))
         futs[f] = ("gen", e, tid)

@@ -29,6 +29,8 @@ from rstar2.config import RunCfg
 from rstar2.scheduler import LengthEstimator
 from rstar2.world.tokenizer import load as load_tokenizer
 
+SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
+
 
 def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, samples: int, policies: list[str],
              rounds: int = 3, kv_mb: list[int] | None = None, run_id: str = "bench-rollout") -> dict:
@@ -54,7 +56,7 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
         sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
         _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
         rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
-                              estimator=est)  # warm-up, not counted
+                              estimator=est, seed=SEED)  # warm-up, not counted
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                 _cold(names)
@@ -79,7 +81,7 @@ def _cold(names: list[str]) -> None:
 def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
     t0 = time.perf_counter()
     trajs, stats = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, policy=policy,
-                                         estimator=est)
+                                         estimator=est, seed=SEED)
     wall = time.perf_counter() - t0
     gen = sum(sum(t.loss_mask) for t in trajs)
     lens = sorted(len(t.response_ids) for t in trajs)
@@ -121,11 +123,12 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
 def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samples: int,
                   lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
-    trajs = rollout.make_trajs(tok, problems, samples, lim)
+    trajs = rollout.make_trajs(tok, problems, samples, lim, SEED)
     k = len(names)
     t0 = time.perf_counter()
     parts = ray.get([cluster.get(n).generate.remote([t.prompt_ids for t in trajs[i::k]], [t.budget for t in trajs[i::k]],
-                                                     cfg.rollout.temperature, cfg.rollout.top_p)
+                                                     cfg.rollout.temperature, cfg.rollout.top_p,
+                                                     [t.turn_seed() for t in trajs[i::k]])
                      for i, n in enumerate(names)])
     wall = time.perf_counter() - t0
     gen = sum(len(ids) for part in parts for ids, _ in part)

@@ -72,10 +72,13 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
                        sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None,
-                       scheduled: tuple[list, list[int], SchedulerCfg, LengthEstimator | None] | None = None) -> dict:
+                       scheduled: tuple[list, list[int], SchedulerCfg, LengthEstimator | None] | None = None,
+                       seed: int | str | None = None) -> dict:
     """Roll out and write the table. `scheduled` = (engine clients, KV capacities, scheduler config, kv_aware's
     length estimator carried over from the previous steps or None): the
-    RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn."""
+    RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn.
+    `seed`: every trajectory-turn samples from a seed of its own (rstar2.rollout.Trajectory.turn_seed), so the table
+    is a function of the seed and the weights, not of scheduling."""
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
     lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
@@ -85,11 +88,11 @@ def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_sam
     if scheduled:
         clients, caps, sched_cfg, est = scheduled
         trajs, sched_stats = rollout.run_scheduled(clients, caps, sched_cfg, sb or ToolDisabled(), tok, problems,
-                                                   n_samples, lim, on_done=on_turn, estimator=est)
+                                                   n_samples, lim, on_done=on_turn, estimator=est, seed=seed)
         sched_stats.pop("sched_failures")
         sched_stats.pop("sched_policy")
     else:
-        trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples, lim, on_turn=on_turn)
+        trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples, lim, on_turn=on_turn, seed=seed)
     if sb:
         _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
         _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
@@ -180,7 +183,7 @@ def evaluate(generate, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg, max_
     limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
                         max_response_tokens=cfg.max_response_tokens)
     info = rollout_to_parquet(generate, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
-                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_turn)
+                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_turn, seed=f"eval/{cfg.seed}")
     scored = score(out_uri, sandbox_cfg, out_uri)
     res = pl.read_parquet(out_uri)
     per_problem = res.group_by("problem_id").agg(pl.col("reward").mean())

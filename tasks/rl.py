@@ -58,7 +58,8 @@ def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prom
                                  LengthEstimator(sched_cfg.estimator_window, sched_cfg.prior_frac))
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(None, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri,
-                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg, est))
+                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg, est),
+                                        seed=f"{seed}/step{step}")
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 

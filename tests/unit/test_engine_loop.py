@@ -19,7 +19,7 @@ class Toy:
         self.inflight_at_reload: list[int] = []
         self.thread: set[str] = set()
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
         self.thread.add(threading.current_thread().name)
         self.reqs[rid] = ([], max_tokens)
 

@@ -1,6 +1,7 @@
 """The agent loop's logic around the engine: a scripted policy stands in for vLLM here (the real engine runs in
 the end-to-end flow test); the sandbox is the real one."""
 
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,14 +26,15 @@ def tok():
 
 
 def scripted(tok, turns_by_problem):
-    """generate() that replies with the next scripted turn of each trajectory's problem."""
-    def generate(prompts, max_tokens):
+    """generate() that replies with the next scripted turn of each trajectory's problem (a seeded turn starts with
+    its seed, as a sampled one would depend on it)."""
+    def generate(prompts, max_tokens, seeds=None):
         outs = []
-        for p, m in zip(prompts, max_tokens):
+        for p, m, s in zip(prompts, max_tokens, seeds or [None] * len(prompts)):
             text = tok.decode(p, skip_special_tokens=False)
             pid = next(k for k in turns_by_problem if k in text)
             turn = text.count(T.IM_START + "assistant") - 1
-            ids = tok(turns_by_problem[pid][turn], add_special_tokens=False)["input_ids"]
+            ids = tok(("" if s is None else f"<{s}>") + turns_by_problem[pid][turn], add_special_tokens=False)["input_ids"]
             outs.append((ids[:m], "length" if len(ids) > m else "stop"))
         return outs
     return generate
@@ -91,7 +93,7 @@ class FakeEngine:
         self.calls, self.steps, self.log = 0, 0, []  # log: (event, problem text, time)
         self.lock = threading.Lock()
 
-    def submit(self, prompt, max_tokens):
+    def submit(self, prompt, max_tokens, seed=None):
         with self.lock:
             self.calls += 1
             calls = self.calls
@@ -102,11 +104,11 @@ class FakeEngine:
             return f
         if self.hang_after is not None and calls > self.hang_after:
             return Future()  # never answers, and its step counter stands still
-        return self.pool.submit(self._turn, prompt, max_tokens)
+        return self.pool.submit(self._turn, prompt, max_tokens, seed)
 
-    def _turn(self, prompt, max_tokens):
+    def _turn(self, prompt, max_tokens, seed):
         time.sleep(self.delay(prompt))
-        ids, finish = self.gen([prompt], [max_tokens])[0]
+        ids, finish = self.gen([prompt], [max_tokens], [seed])[0]
         with self.lock:
             self.steps += 1
         self.log.append(("back", prompt, time.perf_counter()))
@@ -121,12 +123,12 @@ class FakeEngine:
         return f
 
 
-def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, **limits):
+def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, **limits):
     from rstar2.config import SchedulerCfg
 
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
     return rollout.run_scheduled(engines, [10_000] * len(engines), cfg or SchedulerCfg(), service, tok, problems,
-                                 samples, rollout.RolloutLimits(**limits), policy=policy)
+                                 samples, rollout.RolloutLimits(**limits), policy=policy, seed=seed)
 
 
 def assert_exactly_once(trajs, script, samples):
@@ -150,6 +152,27 @@ def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
     assert stats["sched_engine0_kv_usage_max"] == 0.25 and stats["sched_engine0_preemptions"] == 0  # 3 seen, no new
     assert 1 <= stats["sched_engine0_peak_inflight"] <= 9
     assert stats["sched_tool_wait_s"] > 0 and 0 < stats["sched_engine0_busy"] <= 1
+
+
+def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(tok, service):
+    """Each trajectory-turn samples from a seed of its own: the turn-by-turn loop, every policy, one or two engines,
+    jittered timing and an engine dying mid-rollout all give the same trajectories; another seed gives others."""
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
+    gen = scripted(tok, script)
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    ref = rollout.run(gen, service, tok, problems, 3, rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
+                      seed=7)
+    key = lambda trajs: {(t.problem_id, t.sample_idx): t.response_ids for t in trajs}  # noqa: E731
+    jitter = lambda p: 0.001 * (sum(p) % 7)  # noqa: E731
+    runs = [run_sched(tok, service, script, engines, policy=policy, seed=7, max_turns=5, max_response_tokens=2000)[0]
+            for policy, engines in [("kv_aware", [FakeEngine(gen)]), ("round_robin", [FakeEngine(gen, jitter)] * 2),
+                                    ("static", [FakeEngine(gen, jitter), FakeEngine(gen, die_after=2)])]]
+    assert all(key(r) == key(ref) for r in runs)
+    texts = [tok.decode(t.response_ids) for t in ref]
+    seeds = {m for x in texts for m in re.findall(r"<(\d+)>", x)}
+    assert len(seeds) == sum(t.num_turns for t in ref)  # a seed per trajectory-turn: samples and turns differ
+    other = run_sched(tok, service, script, [FakeEngine(gen)], seed=8, max_turns=5, max_response_tokens=2000)[0]
+    assert all(key(other)[k] != v for k, v in key(ref).items())
 
 
 def test_turns_arrive_continuously_no_barrier(tok, service):
