@@ -227,20 +227,31 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     res = rollout_bench.real_run(cfg, model_dir, rollout_bench.problems_of(str(run_dir)), prompts, samples,
                                  ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
     res["load_avg_end"] = os.getloadavg()
-    cols = ["policy", "makespan_s", "makespan_min_s", "makespan_max_s", "tokens_per_s", "vs_raw_generate",
-            "vs_raw_generate_min",
-            "generated_tokens", "preemptions", "kv_usage_max", "peak_inflight", "peak_waiting_in_vllm", "tool_calls",
-            "mean_turns", "tool_wait_s", "queue_wait_mean_s"]
     for c in res["configs"]:
-        table = Table(title=f"real rollout: {res['engines']} vLLM engines, {prompts}x{samples}, KV "
-                            f"{c['kv_capacity_tokens']} tokens/engine, median of {rounds} rounds, raw generate "
-                            f"{c['raw_tokens_per_s_median']:.0f} tok/s (load avg {res['load_avg_start'][0]:.2f} at start)")
-        for col in cols:
-            table.add_column(col, justify="left" if col == "policy" else "right")
-        for r in c["policies"]:
-            table.add_row(*[str(r[col]) for col in cols])
-        console.print(table)
+        console.print(_real_table(res, c))
     return res
+
+
+# the essentials, short headers (a terminal's width); every figure is in the JSON
+_REAL_COLS = {"policy": lambda r: r["policy"],
+              "makespan s (min-max)": lambda r: f"{r['makespan_s']} ({r['makespan_min_s']}-{r['makespan_max_s']})",
+              "tok/s": lambda r: f"{r['tokens_per_s']:.0f}",
+              "÷ raw (min-max)": lambda r: f"{r['vs_raw_generate']} ({r['vs_raw_generate_min']}-{r['vs_raw_generate_max']})",
+              "preempt": lambda r: f"{r['preemptions']:g}", "KV max": lambda r: str(r["kv_usage_max"]),
+              "in flight": lambda r: str(r["peak_inflight"]), "waiting": lambda r: str(r["peak_waiting_in_vllm"]),
+              "tools": lambda r: str(r["tool_calls"])}
+
+
+def _real_table(res: dict, c: dict) -> Table:
+    """One KV configuration of the real rollout bench, per policy."""
+    table = Table(title=f"real rollout: {res['engines']} vLLM engines, {res['prompts']}x{res['samples']}, KV "
+                        f"{c['kv_capacity_tokens']} tokens/engine, median of {res['rounds']} rounds, raw generate "
+                        f"{c['raw_tokens_per_s_median']:.0f} tok/s (load avg {res['load_avg_start'][0]:.2f} at start)")
+    for col in _REAL_COLS:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in c["policies"]:
+        table.add_row(*[f(r) for f in _REAL_COLS.values()])
+    return table
 
 
 def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[str], rollouts: str,
