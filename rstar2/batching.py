@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
 VARLEN = "rstar2_varlen"  # the attention implementation name registered for packed rows
 
 

@@ -66,7 +66,7 @@ class Trajectory:
     assistant_turns: list[str] = field(default_factory=list)
     truncated: bool = False
     done: bool = False
-    seed: int | None = None  # sampling seed of its first turn (None: the engine's own random stream)
+    seed: int | None = None  # its turns' seeds derive from it (turn_seed); None: the engine's own random stream
 
     @property
     def num_turns(self) -> int:
