@@ -112,6 +112,34 @@ class EngineLoop:
             self._cv.notify()
         return futs
 
+    def submit_chains(self, chains: list[list[tuple[list[int], int, int | None]]], temperature: float = 1.0,
+                      top_p: float = 1.0) -> list[Future]:
+        """Multi-turn requests whose every context is known in advance (a replay): chains[i] is one trajectory's
+        turns, (context, max_tokens, seed) each. All first turns are admitted together; turn k+1 is enqueued by the
+        loop thread itself the moment turn k finishes, for the next step. So a replay is the agent loop with tool
+        replies in at once and no caller round trip per turn: what a loop driving this engine could get at best
+        out of the same turns. Each chain's future resolves to its turns' (new ids, finish reason)."""
+        if not all(chains):
+            raise ValueError("every chain needs at least one turn")
+        outs = [Future() for _ in chains]
+
+        def chain_on(i: int, k: int, fut: Future, got: list) -> None:
+            def done(f: Future) -> None:
+                if f.exception() is not None:
+                    return outs[i].set_exception(f.exception())
+                got.append(f.result()[:2])
+                if k + 1 == len(chains[i]):
+                    return outs[i].set_result(got)
+                context, max_tokens, seed = chains[i][k + 1]
+                chain_on(i, k + 1, self.submit(context, max_tokens, temperature, top_p, seed), got)
+            fut.add_done_callback(done)
+
+        firsts = self.submit_many([c[0][0] for c in chains], [c[0][1] for c in chains], temperature, top_p,
+                                  [c[0][2] for c in chains])
+        for i, f in enumerate(firsts):
+            chain_on(i, 0, f, [])
+        return outs
+
     def reload(self, model_dir: str) -> Future:
         return self._when_drained(lambda: self.backend.reload(model_dir))
 
@@ -291,6 +319,11 @@ class VLLMEngine:
         """One assistant turn per prompt: (new token ids, finish reason "stop" | "length"), all admitted at once."""
         return [f.result()[:2] for f in self.loop.submit_many(prompts, max_tokens, temperature, top_p, seeds)]
 
+    def replay(self, chains: list[list[tuple[list[int], int, int | None]]], temperature: float = 1.0,
+               top_p: float = 1.0) -> list[list[tuple[list[int], str]]]:
+        """Every chain's turns, each the moment the one before it finishes (EngineLoop.submit_chains)."""
+        return [f.result() for f in self.loop.submit_chains(chains, temperature, top_p)]
+
     def load_weights(self, model_dir: str) -> float:
         """Reload weights in place from a checkpoint directory (safetensors); returns seconds taken."""
         took = self.loop.reload(model_dir).result()
@@ -323,6 +356,9 @@ class EngineActor(VLLMEngine):
         outs = await asyncio.gather(*map(asyncio.wrap_future,
                                          self.loop.submit_many(prompts, max_tokens, temperature, top_p, seeds)))
         return [o[:2] for o in outs]
+
+    async def replay(self, chains, temperature=1.0, top_p=1.0):  # noqa: D102 - as VLLMEngine.replay
+        return await asyncio.gather(*map(asyncio.wrap_future, self.loop.submit_chains(chains, temperature, top_p)))
 
     async def load_weights(self, model_dir: str) -> float:  # noqa: D102
         took = await asyncio.wrap_future(self.loop.reload(model_dir))

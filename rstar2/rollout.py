@@ -72,10 +72,19 @@ class Trajectory:
     def num_turns(self) -> int:
         return len(self.assistant_turns)
 
-    def turn_seed(self) -> int | None:
-        """The next turn's sampling seed: a function of the trajectory and the turn alone, so its tokens do not
-        depend on which engine runs it, when, or beside which others (the scheduled rollout's order is timing)."""
-        return None if self.seed is None else zlib.crc32(f"{self.seed}/{self.num_turns}".encode())
+    def turn_seed(self, turn: int | None = None) -> int | None:
+        """The next turn's (or model turn `turn`'s) sampling seed: a function of the trajectory and the turn alone,
+        so its tokens do not depend on which engine runs it, when, or beside which others (the scheduled rollout's
+        order is timing)."""
+        k = self.num_turns if turn is None else turn
+        return None if self.seed is None else zlib.crc32(f"{self.seed}/{k}".encode())
+
+    def turn_requests(self) -> list[tuple[list[int], int, int | None]]:
+        """Its model turns as the agent loop sent them, (context, max_tokens, seed) each: a model turn starts where
+        the loss mask turns to 1 (tool tokens are 0). For a replay without tools (rstar2.engine)."""
+        starts = [i for i, m in enumerate(self.loss_mask) if m and (i == 0 or not self.loss_mask[i - 1])]
+        return [(self.prompt_ids + self.response_ids[:i], self.budget - i, self.turn_seed(k))
+                for k, i in enumerate(starts)]
 
 
 @dataclass

