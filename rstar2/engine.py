@@ -348,9 +348,38 @@ class EngineActor(VLLMEngine):
     loop thread generates (Ray runs an actor with async methods as an asyncio actor). `stats` answers from the
     event loop even while a step runs, so a probe tells a busy engine (steps advancing) from a hung one."""
 
-    async def generate_one(self, prompt: list[int], max_tokens: int, temperature: float = 1.0,
-                           top_p: float = 1.0, seed: int | None = None) -> TurnOut:
-        return await asyncio.wrap_future(self.loop.submit(prompt, max_tokens, temperature, top_p, seed))
+    _outbox: list | None = None  # finished turns not yet collected: (key, ids, finish, stats) | (key, None, error, None)
+    _ready: asyncio.Event | None = None
+
+    async def add_turns(self, turns: list[tuple[int, list[int], int, int | None]], temperature: float = 1.0,
+                        top_p: float = 1.0) -> None:
+        """Turns sent together, (key, prompt, max_tokens, seed) each, admitted in the same step; each one goes to
+        the outbox the moment it finishes, for `collect`. A share of two calls per turn instead of a call each."""
+        if self._outbox is None:
+            self._outbox, self._ready = [], asyncio.Event()
+        loop = asyncio.get_running_loop()
+        futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
+                                     [t[3] for t in turns])
+        for (key, *_), fut in zip(turns, futs):
+            fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, key, f))
+
+    def _finished(self, key: int, fut) -> None:
+        err = fut.exception()
+        self._outbox.append((key, None, repr(err), None) if err is not None else (key, *fut.result()))
+        self._ready.set()
+
+    async def collect(self, wait_s: float = 1.0) -> list[tuple]:
+        """The turns finished since the last call (a long poll: waits up to wait_s for a first one)."""
+        if self._outbox is None:
+            self._outbox, self._ready = [], asyncio.Event()
+        if not self._outbox:
+            try:
+                await asyncio.wait_for(self._ready.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._outbox = self._outbox, []
+        self._ready.clear()
+        return out
 
     async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: D102 - as below
         outs = await asyncio.gather(*map(asyncio.wrap_future,

