@@ -355,13 +355,16 @@ class EngineActor(VLLMEngine):
                         top_p: float = 1.0) -> None:
         """Turns sent together, (key, prompt, max_tokens, seed) each, admitted in the same step; each one goes to
         the outbox the moment it finishes, for `collect`. A share of two calls per turn instead of a call each."""
-        if self._outbox is None:
-            self._outbox, self._ready = [], asyncio.Event()
+        self._open_outbox()
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
                                      [t[3] for t in turns])
         for (key, *_), fut in zip(turns, futs):
             fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, key, f))
+
+    def _open_outbox(self) -> None:
+        if self._outbox is None:  # made on the actor's event loop (VLLMEngine.__init__ is not async)
+            self._outbox, self._ready = [], asyncio.Event()
 
     def _finished(self, key: int, fut) -> None:
         err = fut.exception()
@@ -370,8 +373,7 @@ class EngineActor(VLLMEngine):
 
     async def collect(self, wait_s: float = 1.0) -> list[tuple]:
         """The turns finished since the last call (a long poll: waits up to wait_s for a first one)."""
-        if self._outbox is None:
-            self._outbox, self._ready = [], asyncio.Event()
+        self._open_outbox()
         if not self._outbox:
             try:
                 await asyncio.wait_for(self._ready.wait(), wait_s)
