@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import uuid
 from concurrent.futures import Future
 
 import ray
@@ -116,10 +117,11 @@ class EngineClient:
 
     Turns travel in batches both ways: a sender thread sends whatever was submitted since its last call in one
     `add_turns` call, and while turns are out a collector thread keeps one `collect` in flight (a long poll that
-    returns every turn finished since the one before). A Ray call costs ~0.8 ms of the driver's CPU and ~2 ms of the
-    engine process's on this machine (the rollout bench's replay reference put the agent loop's own CPU at ~30 % of
-    its throughput), and at the paper's scale one driver sends ~16K trajectories x turns per step. Both threads end
-    after IDLE_EXIT_S without work (a client per RL step leaves none behind); the next submit starts them again."""
+    returns every turn finished since the one before; the actor keeps each client's turns apart). A Ray call costs
+    ~0.8 ms of the driver's CPU and ~2 ms of the engine process's on this machine (the rollout bench's replay
+    reference put the agent loop's own CPU at ~30 % of its throughput), and at the paper's scale one driver sends
+    ~16K trajectories x turns per step. Both threads end after IDLE_EXIT_S without work (a client per RL step leaves
+    none behind); the next submit starts them again."""
 
     IDLE_EXIT_S = 2.0
     POLL_S = 1.0  # a collect returns after this long even with nothing finished (the collector then re-checks)
@@ -132,6 +134,7 @@ class EngineClient:
         self._pending: dict[int, Future] = {}  # sent or about to be, not back yet
         self._keys = itertools.count()
         self._threads: dict[str, threading.Thread | None] = {"send": None, "collect": None}
+        self._id = uuid.uuid4().hex  # the actor keeps each client's finished turns apart
 
     def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None) -> Future:
         fut: Future = Future()
@@ -166,7 +169,7 @@ class EngineClient:
                 batch, self._outgoing = self._outgoing, []
             keys = [t[0] for t in batch]
             try:
-                ref = self.handle.add_turns.remote(batch, self.temperature, self.top_p)
+                ref = self.handle.add_turns.remote(self._id, batch, self.temperature, self.top_p)
             except Exception as err:  # noqa: BLE001 - the actor is gone: its turns fail, the caller requeues
                 self._resolve([(k, None, repr(err), None) for k in keys])
                 continue
@@ -183,7 +186,7 @@ class EngineClient:
                 if not self._idle("collect", lambda: self._pending):
                     return
             try:
-                done = ray.get(self.handle.collect.remote(self.POLL_S))
+                done = ray.get(self.handle.collect.remote(self._id, self.POLL_S))
             except Exception as err:  # noqa: BLE001 - a dead actor: every turn out there fails
                 with self._cv:
                     keys = list(self._pending)

@@ -348,40 +348,45 @@ class EngineActor(VLLMEngine):
     loop thread generates (Ray runs an actor with async methods as an asyncio actor). `stats` answers from the
     event loop even while a step runs, so a probe tells a busy engine (steps advancing) from a hung one."""
 
-    _outbox: list | None = None  # finished turns not yet collected: (key, ids, finish, stats) | (key, None, error, None)
-    _ready: asyncio.Event | None = None
+    # client -> its finished turns not yet collected: (key, ids, finish, stats) | (key, None, error, None)
+    _outboxes: dict | None = None
+    _ready: dict | None = None  # client -> asyncio.Event: its outbox has something
 
-    async def add_turns(self, turns: list[tuple[int, list[int], int, int | None]], temperature: float = 1.0,
-                        top_p: float = 1.0) -> None:
-        """Turns sent together, (key, prompt, max_tokens, seed) each, admitted in the same step; each one goes to
-        the outbox the moment it finishes, for `collect`. A share of two calls per turn instead of a call each."""
-        self._open_outbox()
+    async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None]],
+                        temperature: float = 1.0, top_p: float = 1.0) -> None:
+        """A client's turns sent together, (key, prompt, max_tokens, seed) each, admitted in the same step; each one
+        goes to that client's outbox the moment it finishes, for `collect`. A share of two calls per turn instead of
+        a call each."""
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
                                      [t[3] for t in turns])
         for (key, *_), fut in zip(turns, futs):
-            fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, key, f))
+            fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, client, key, f))
 
-    def _open_outbox(self) -> None:
-        if self._outbox is None:  # made on the actor's event loop (VLLMEngine.__init__ is not async)
-            self._outbox, self._ready = [], asyncio.Event()
+    def _box(self, client: str) -> tuple[list, asyncio.Event]:
+        if self._outboxes is None:  # made on the actor's event loop (VLLMEngine.__init__ is not async)
+            self._outboxes, self._ready = {}, {}
+        if client not in self._outboxes:
+            self._outboxes[client], self._ready[client] = [], asyncio.Event()
+        return self._outboxes[client], self._ready[client]
 
-    def _finished(self, key: int, fut) -> None:
+    def _finished(self, client: str, key: int, fut) -> None:
+        box, ready = self._box(client)
         err = fut.exception()
-        self._outbox.append((key, None, repr(err), None) if err is not None else (key, *fut.result()))
-        self._ready.set()
+        box.append((key, None, repr(err), None) if err is not None else (key, *fut.result()))
+        ready.set()
 
-    async def collect(self, wait_s: float = 1.0) -> list[tuple]:
-        """The turns finished since the last call (a long poll: waits up to wait_s for a first one)."""
-        self._open_outbox()
-        if not self._outbox:
+    async def collect(self, client: str, wait_s: float = 1.0) -> list[tuple]:
+        """The client's turns finished since its last call (a long poll: waits up to wait_s for a first one). Each
+        answer takes the client's outbox whole (the next finished turn makes a new one): none is left behind."""
+        box, ready = self._box(client)
+        if not box:
             try:
-                await asyncio.wait_for(self._ready.wait(), wait_s)
+                await asyncio.wait_for(ready.wait(), wait_s)
             except asyncio.TimeoutError:
                 pass
-        out, self._outbox = self._outbox, []
-        self._ready.clear()
-        return out
+        self._ready.pop(client, None)
+        return self._outboxes.pop(client, [])
 
     async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: D102 - as below
         outs = await asyncio.gather(*map(asyncio.wrap_future,

@@ -58,6 +58,12 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         assert ray.get(fresh.generate.remote(prompts[:4], [12] * 4, 0.0)) == greedy
         ray.kill(fresh)
 
+        # two clients of one actor each get their own turns back
+        other = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
+        mine, theirs = [client.submit(p, 6) for p in prompts[:6]], [other.submit(p, 6) for p in prompts[6:]]
+        assert all(len(f.result(timeout=120)[0]) >= 1 for f in mine + theirs)
+        assert not client._pending and not other._pending
+
         # the client's threads leave once idle, come back with the next turn, and a killed actor fails its turns
         time.sleep(client.IDLE_EXIT_S + 1.5)
         assert client._threads == {"send": None, "collect": None}
