@@ -348,9 +348,11 @@ class EngineActor(VLLMEngine):
     loop thread generates (Ray runs an actor with async methods as an asyncio actor). `stats` answers from the
     event loop even while a step runs, so a probe tells a busy engine (steps advancing) from a hung one."""
 
-    # client -> its finished turns not yet collected: (key, ids, finish, stats) | (key, None, error, None)
-    _outboxes: dict | None = None
-    _ready: dict | None = None  # client -> asyncio.Event: its outbox has something
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        # client -> (its finished turns not yet collected, set when there are some); a turn is (key, ids, finish,
+        # stats) or (key, None, error, None)
+        self._outboxes: dict[str, tuple[list, asyncio.Event]] = {}
 
     async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None]],
                         temperature: float = 1.0, top_p: float = 1.0) -> None:
@@ -364,11 +366,9 @@ class EngineActor(VLLMEngine):
             fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, client, key, f))
 
     def _box(self, client: str) -> tuple[list, asyncio.Event]:
-        if self._outboxes is None:  # made on the actor's event loop (VLLMEngine.__init__ is not async)
-            self._outboxes, self._ready = {}, {}
         if client not in self._outboxes:
-            self._outboxes[client], self._ready[client] = [], asyncio.Event()
-        return self._outboxes[client], self._ready[client]
+            self._outboxes[client] = ([], asyncio.Event())
+        return self._outboxes[client]
 
     def _finished(self, client: str, key: int, fut) -> None:
         box, ready = self._box(client)
@@ -385,8 +385,7 @@ class EngineActor(VLLMEngine):
                 await asyncio.wait_for(ready.wait(), wait_s)
             except asyncio.TimeoutError:
                 pass
-        self._ready.pop(client, None)
-        return self._outboxes.pop(client, [])
+        return self._outboxes.pop(client, ([], None))[0]
 
     async def generate(self, prompts, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: D102 - as below
         outs = await asyncio.gather(*map(asyncio.wrap_future,

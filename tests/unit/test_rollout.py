@@ -165,7 +165,8 @@ def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(tok, serv
     key = lambda trajs: {(t.problem_id, t.sample_idx): t.response_ids for t in trajs}  # noqa: E731
     jitter = lambda p: 0.001 * (sum(p) % 7)  # noqa: E731
     runs = [run_sched(tok, service, script, engines, policy=policy, seed=7, max_turns=5, max_response_tokens=2000)[0]
-            for policy, engines in [("kv_aware", [FakeEngine(gen)]), ("round_robin", [FakeEngine(gen, jitter), FakeEngine(gen, jitter)]),
+            for policy, engines in [("kv_aware", [FakeEngine(gen)]),
+                                    ("round_robin", [FakeEngine(gen, jitter), FakeEngine(gen, jitter)]),
                                     ("static", [FakeEngine(gen, jitter), FakeEngine(gen, die_after=2)])]]
     assert all(key(r) == key(ref) for r in runs)
     texts = [tok.decode(t.response_ids) for t in ref]
