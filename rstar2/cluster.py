@@ -130,18 +130,18 @@ class EngineClient:
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
         self.block_size = block_size  # vLLM's KV block in tokens: the scheduler counts KV in whole blocks
         self._cv = threading.Condition()
-        self._outgoing: list[tuple] = []  # (key, prompt, max_tokens, seed), not sent yet
+        self._outgoing: list[tuple] = []  # (key, prompt, max_tokens, seed, priority), not sent yet
         self._pending: dict[int, Future] = {}  # sent or about to be, not back yet
         self._keys = itertools.count()
         self._threads: dict[str, threading.Thread | None] = {"send": None, "collect": None}
         self._id = uuid.uuid4().hex  # the actor keeps each client's finished turns apart
 
-    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None) -> Future:
+    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
         fut: Future = Future()
         with self._cv:
             key = next(self._keys)
             self._pending[key] = fut
-            self._outgoing.append((key, prompt, max_tokens, seed))
+            self._outgoing.append((key, prompt, max_tokens, seed, priority))
             for name, loop in (("send", self._send_loop), ("collect", self._collect_loop)):
                 if self._threads[name] is None:
                     self._threads[name] = threading.Thread(target=loop, name=f"engine-client-{name}", daemon=True)

@@ -145,6 +145,7 @@ class SchedulerCfg(_Cfg):
     usage_high: float = 0.95  # ... and shrinks above this, or after a preemption
     grow_when_realized: float = 0.5  # ... grows only once running trajectories hold this share of their reservation
     adapt_interval_s: float = 1.0
+    kv_priority: bool = True  # kv_aware: every turn carries its trajectory's start order as vLLM priority
     probes_per_prompt: int = 2  # kv_aware starts this many rollouts of every prompt before ranking by siblings
     estimator_window: int = 4096  # finished trajectories remembered across steps (the length estimate)
     prior_frac: float = 0.5  # expected response length before anything finished: this share of the budget

@@ -55,8 +55,9 @@ class Backend(Protocol):
     """What EngineLoop drives: vLLM's LLMEngine (see VLLMEngine), or a toy in unit tests."""
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
-            seed: int | None = None) -> None:
-        """Admit a request; `seed` makes its sampling its own (independent of what else is batched with it)."""
+            seed: int | None = None, priority: int = 0) -> None:
+        """Admit a request; `seed` makes its sampling its own (independent of what else is batched with it);
+        `priority`: vLLM's (lower runs first and is preempted last)."""
 
     def step(self) -> list[tuple[str, list[int], str]]:
         """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason)."""
@@ -94,21 +95,24 @@ class EngineLoop:
 
     # ---- callers (any thread) ---------------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-               seed: int | None = None) -> Future:
-        return self.submit_many([prompt], [max_tokens], temperature, top_p, [seed])[0]
+               seed: int | None = None, priority: int = 0) -> Future:
+        return self.submit_many([prompt], [max_tokens], temperature, top_p, [seed], [priority])[0]
 
     def submit_many(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
-                    top_p: float = 1.0, seeds: list[int | None] | None = None) -> list[Future]:
-        """Enqueue requests together (admitted in the same step, in order, like one `LLM.generate` call)."""
+                    top_p: float = 1.0, seeds: list[int | None] | None = None,
+                    priorities: list[int] | None = None) -> list[Future]:
+        """Enqueue requests together (admitted in the same step, in order, like one `LLM.generate` call).
+        priorities: vLLM's (lower runs first and is preempted last; all 0: first come, first served)."""
         futs = [Future() for _ in prompts]
         seeds = seeds or [None] * len(prompts)
+        priorities = priorities or [0] * len(prompts)
         with self._cv:
             if self._error is not None or self._stop:
                 for f in futs:
                     f.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
                 return futs
-            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, f)
-                                        for p, m, s, f in zip(prompts, max_tokens, seeds, futs)]))
+            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, pr, f)
+                                        for p, m, s, pr, f in zip(prompts, max_tokens, seeds, priorities, futs)]))
             self._cv.notify()
         return futs
 
@@ -209,9 +213,9 @@ class EngineLoop:
                 self._futs.pop(rid).set_result((ids, finish, snap))
 
     def _add(self, reqs: list[tuple]) -> None:
-        for rid, prompt, max_tokens, temperature, top_p, seed, fut in reqs:
+        for rid, prompt, max_tokens, temperature, top_p, seed, priority, fut in reqs:
             self._futs[rid] = fut
-            self.backend.add(rid, prompt, max_tokens, temperature, top_p, seed)
+            self.backend.add(rid, prompt, max_tokens, temperature, top_p, seed, priority)
 
     def _fail(self, err: BaseException) -> None:
         with self._cv:
@@ -242,22 +246,25 @@ class _VLLMBackend:
         if current_platform.is_cpu():  # seeded requests need whole prefills there (see the module docstring)
             opts.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, spec.max_model_len))
         self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
+        # priority scheduling: the caller's priority per request orders the waiting queue and picks who is
+        # preempted (largest (priority, arrival)); with every priority 0 it is first come, first served
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
-                          enable_prefix_caching=True, disable_log_stats=False, **opts)
+                          enable_prefix_caching=True, disable_log_stats=False, scheduling_policy="priority",
+                          **opts)
         # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
         # bare engine's are 128 / 2048)
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
         self.eos_id = self.engine.get_tokenizer().eos_token_id
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                 stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority)
 
     def step(self):
         return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop")
@@ -354,14 +361,14 @@ class EngineActor(VLLMEngine):
         # stats) or (key, None, error, None)
         self._outboxes: dict[str, tuple[list, asyncio.Event]] = {}
 
-    async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None]],
+    async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None, int]],
                         temperature: float = 1.0, top_p: float = 1.0) -> None:
-        """A client's turns sent together, (key, prompt, max_tokens, seed) each, admitted in the same step; each one
+        """A client's turns sent together, (key, prompt, max_tokens, seed, priority) each, admitted in the same step; each one
         goes to that client's outbox the moment it finishes, for `collect`. A share of two calls per turn instead of
         a call each."""
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
-                                     [t[3] for t in turns])
+                                     [t[3] for t in turns], [t[4] for t in turns])
         for (key, *_), fut in zip(turns, futs):
             fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, client, key, f))
 

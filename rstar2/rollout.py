@@ -186,8 +186,9 @@ def run(generate: GenerateFn, sandbox: Sandbox, tokenizer, problems: list[dict],
 class EngineClient(Protocol):
     """One engine as run_scheduled drives it (rstar2.cluster.EngineClient for a vLLM engine actor)."""
 
-    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None) -> Future:
-        """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it)."""
+    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
+        """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it).
+        priority: the engine's (vLLM's: lower runs first and is preempted last)."""
 
     def probe(self) -> Future:
         """The engine's stats: kv_usage (fraction of KV blocks in use), preemptions (cumulative), steps (engine
@@ -306,7 +307,8 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
             return
         t, e = trajs[tid], tv.engine
         try:
-            f = engines[e].submit(t.prompt_ids + t.response_ids, t.budget - len(t.response_ids), t.turn_seed())
+            f = engines[e].submit(t.prompt_ids + t.response_ids, t.budget - len(t.response_ids), t.turn_seed(),
+                                  sched.priority(tid))
         except Exception as err:  # noqa: BLE001 - a dead engine: requeue, the batch completes
             return fail(e, repr(err))
         futs[f] = ("gen", e, tid)

@@ -11,7 +11,9 @@ scheduler-simulation.md §1.1), with vLLM's semantics:
   * FCFS admission with head-of-line blocking, at most `max_num_seqs` running, while KV has room;
   * a sequence waiting on a tool keeps its KV only as evictable prefix cache (LRU): admissions and decode growth
     evict it, and its next turn then re-prefills the whole context;
-  * decode growth that does not fit preempts the newest running sequence (vLLM V1: recompute);
+  * decode growth that does not fit preempts the newest running sequence (vLLM V1: recompute); with priority
+    scheduling (kv_aware's start order), the largest (priority, arrival) instead, and the waiting queue is
+    ordered by (priority, arrival);
   * rollouts of one prompt on one engine share the prompt's KV (prefix caching).
 Between events (a turn ends, KV runs out, a request arrives) the batch is constant and its context grows by n
 per step, so k steps take a closed-form time: the simulator jumps event to event (a paper-scale step in seconds).
@@ -24,6 +26,7 @@ in R; decode tokens split over the turns (Dirichlet); tool latencies from a mode
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from pathlib import Path
@@ -174,6 +177,7 @@ class _Seq:
     joined: int  # engine step when it joined
     end: int  # engine step at which its turn's last token is out
     order: int  # admission order (vLLM preempts the newest)
+    priority: int = 0
 
 
 @dataclass
@@ -184,13 +188,16 @@ class _Req:
     total: int  # context once this request's new tokens are prefilled (prompt included)
     computed: int  # tokens of it computed before (0 for a new trajectory): a prefix-cache hit if still cached
     decode: int
+    priority: int = 0  # vLLM's priority scheduling: lower runs first and is preempted last
+    arrival: int = 0
 
 
 class SimEngine:
     """vLLM-like continuous batching on one engine, advanced in closed-form jumps (see module docstring)."""
 
-    def __init__(self, hw: Hardware):
-        self.hw = hw
+    def __init__(self, hw: Hardware, by_priority: bool = False):
+        self.hw, self.by_priority = hw, by_priority
+        self._arrivals = 0
         self.clock = 0.0  # time of the last step boundary
         self.step = 0
         self.running: dict[int, _Seq] = {}
@@ -222,7 +229,8 @@ class SimEngine:
             self.group_kv += r.prompt
         self.group_refs[r.group] = self.group_refs.get(r.group, 0) + 1
         self._order += 1
-        self.running[r.tid] = _Seq(r.tid, r.group, r.prompt, r.total, self.step, self.step + r.decode, self._order)
+        self.running[r.tid] = _Seq(r.tid, r.group, r.prompt, r.total, self.step, self.step + r.decode, self._order,
+                                   r.priority)
         self.sum_a += r.total - r.prompt - self.step
         heapq.heappush(self.ends, (self.step + r.decode, self._order, r.tid))
 
@@ -245,7 +253,13 @@ class SimEngine:
         return True
 
     def submit(self, r: _Req) -> None:
-        self.waiting.append(r)
+        self._arrivals += 1
+        r.arrival = self._arrivals
+        if not self.by_priority:
+            self.waiting.append(r)
+            return
+        keys = [(q.priority, q.arrival) for q in self.waiting]
+        self.waiting.insert(bisect.bisect(keys, (r.priority, r.arrival)), r)
 
     def admit(self) -> None:
         """FCFS from the waiting queue while max_num_seqs and KV allow, keeping room for one step of the batch
@@ -270,9 +284,15 @@ class SimEngine:
             self._preempt_newest()
 
     def _preempt_newest(self) -> None:
-        s = self._leave(max(self.running.values(), key=lambda q: q.order).tid)
+        """FCFS: the newest admitted goes back to the front of the queue; priority: the largest (priority, order)
+        goes back in priority order."""
+        s = self._leave(max(self.running.values(), key=lambda q: (q.priority * self.by_priority, q.order)).tid)
         ctx = s.ctx + self.step - s.joined
-        self.waiting.appendleft(_Req(s.tid, s.group, s.prompt, ctx, ctx, s.end - self.step))
+        r = _Req(s.tid, s.group, s.prompt, ctx, ctx, s.end - self.step, s.priority)
+        if self.by_priority:
+            self.submit(r)
+        else:
+            self.waiting.appendleft(r)
         self.preemptions += 1
 
     def steps_to_next_event(self) -> int | None:
@@ -370,7 +390,7 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
     resp_total = wl.response_len
     for tid in range(n):
         sched.submit(tid, str(wl.group[tid]), int(wl.prompt_len[tid]), wl.cap, 0.0, known_len=int(resp_total[tid]))
-    eng = [SimEngine(hw) for _ in range(engines)]
+    eng = [SimEngine(hw, sched.uses_priority) for _ in range(engines)]
     turn = np.zeros(n, dtype=int)
     resp = np.zeros(n, dtype=int)
     events: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, a, b)
@@ -408,7 +428,7 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
     def start(picks, t):
         for tid, e in picks:
             p = int(wl.prompt_len[tid])
-            arrive(e, _Req(tid, int(wl.group[tid]), p, p, 0, wl.decode[tid][0]), t)
+            arrive(e, _Req(tid, int(wl.group[tid]), p, p, 0, wl.decode[tid][0], sched.priority(tid)), t)
 
     done_times = []
     start(sched.dispatch(0.0), 0.0)
@@ -443,7 +463,8 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
             resp[tid] += wl.tool_out[tid][j]
             turn[tid] = j + 1
             p = int(wl.prompt_len[tid])
-            arrive(e, _Req(tid, int(wl.group[tid]), p, before + wl.tool_out[tid][j], before, wl.decode[tid][j + 1]), t)
+            arrive(e, _Req(tid, int(wl.group[tid]), p, before + wl.tool_out[tid][j], before, wl.decode[tid][j + 1],
+                           sched.priority(tid)), t)
     if not sched.done:
         raise RuntimeError("simulation ended with unfinished trajectories (a scheduler or engine model bug)")
     makespan = max(done_times)

@@ -236,6 +236,7 @@ class TrajView:
     queued_at: float = 0.0
     queue_wait_s: float = 0.0
     requeues: int = 0
+    rank: int | None = None  # start order: kv_aware's vLLM priority for every turn
     outcome: str | None = None
 
 
@@ -311,6 +312,20 @@ class Scheduler:
         self._started = False
         self._h: np.ndarray | None = None  # the footprint grid, fixed at the first dispatch
         self.factor_trace: list[tuple[float, int, float]] = []  # (time, engine, factor) after each change
+        self._starts = 0
+
+    @property
+    def uses_priority(self) -> bool:
+        """Whether engines should run vLLM's priority scheduling, with `priority(tid)` on every turn."""
+        return self.policy == "kv_aware" and self.cfg.kv_priority
+
+    def priority(self, tid: int) -> int:
+        """vLLM priority of tid's turns (lower runs first and is preempted last): the trajectory's start order.
+        vLLM's default (FCFS) orders by *turn* arrival, so a trajectory back from a tool call, holding the most KV,
+        is the newest and the first preempted; by start order an overflow preempts the trajectory started last,
+        whose context is the shortest (measured in simulation, stage 1 tight KV: recompute 2.0 % -> 1.9 %)."""
+        tv = self.trajs[tid]
+        return tv.rank if self.uses_priority and tv.rank is not None else 0
 
     # ---- trajectories in ------------------------------------------------------------------------------------
     def submit(self, tid: int, group: str, prompt_len: int, budget: int, now: float,
@@ -509,6 +524,8 @@ class Scheduler:
         self._siblings.setdefault(tv.group, np.zeros(len(self.engines)))[e] += 1
         self._sync(e)
         v.dispatched += 1
+        if tv.rank is None:  # kept when requeued after an engine failure
+            tv.rank, self._starts = self._starts, self._starts + 1
         if not tv.requeues:
             self._queue.started(tv.group)
 

@@ -15,12 +15,13 @@ class Toy:
 
     def __init__(self, step_s=0.002, fail_at_step=None):
         self.step_s, self.fail_at_step = step_s, fail_at_step
-        self.version, self.reqs, self.steps = 0, {}, 0
+        self.version, self.reqs, self.steps, self.priorities = 0, {}, 0, {}
         self.inflight_at_reload: list[int] = []
         self.thread: set[str] = set()
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
         self.thread.add(threading.current_thread().name)
+        self.priorities[rid] = priority
         self.reqs[rid] = ([], max_tokens)
 
     def step(self):
@@ -151,9 +152,9 @@ def test_chains_send_each_turn_when_the_one_before_finishes():
             super().__init__(step_s=0.0)
             self.added: list[tuple[int, int, list]] = []  # (step, max_tokens, prompt)
 
-        def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None):
+        def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
             self.added.append((self.steps, max_tokens, prompt))
-            super().add(rid, prompt, max_tokens, temperature, top_p, seed)
+            super().add(rid, prompt, max_tokens, temperature, top_p, seed, priority)
 
     toy = Logged()
     lp = EngineLoop(toy, name="toy-loop")
@@ -174,3 +175,13 @@ def test_a_broken_engine_fails_its_chains():
     with pytest.raises(RuntimeError, match="device lost"):
         futs[0].result(timeout=5)
     lp.close()
+
+
+def test_priorities_reach_the_backend(loop):
+    """Each request's priority (vLLM's: lower runs first, preempted last) goes to the backend with it; 0 unless
+    given."""
+    lp, toy = loop
+    futs = lp.submit_many([[1], [2], [3]], [2, 2, 2], priorities=[5, 0, 2]) + [lp.submit([4], 2)]
+    for f in futs:
+        f.result(timeout=5)
+    assert sorted(toy.priorities.values()) == [0, 0, 2, 5] and len(toy.priorities) == 4

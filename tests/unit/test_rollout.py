@@ -4,6 +4,7 @@ the end-to-end flow test); the sandbox is the real one."""
 import re
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -91,10 +92,12 @@ class FakeEngine:
         self.gen, self.delay, self.die_after, self.hang_after = gen, delay, die_after, hang_after
         self.pool = ThreadPoolExecutor(32)
         self.calls, self.steps, self.log = 0, 0, []  # log: (event, problem text, time)
+        self.priorities: list[int] = []  # of every submitted turn
         self.lock = threading.Lock()
 
-    def submit(self, prompt, max_tokens, seed=None):
+    def submit(self, prompt, max_tokens, seed=None, priority=0):
         with self.lock:
+            self.priorities.append(priority)
             self.calls += 1
             calls = self.calls
         self.log.append(("sent", prompt, time.perf_counter()))
@@ -142,9 +145,14 @@ def assert_exactly_once(trajs, script, samples):
 def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
     gen = scripted(tok, script)
-    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen)], policy=policy, max_turns=5,
-                             max_response_tokens=2000)
+    engines = [FakeEngine(gen), FakeEngine(gen)]
+    trajs, stats = run_sched(tok, service, script, engines, policy=policy, max_turns=5, max_response_tokens=2000)
     ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
+    prios = Counter(p for e in engines for p in e.priorities)  # of every turn sent
+    if policy == "kv_aware":  # its trajectory's start order: 0..8, the same for all of one trajectory's turns
+        assert set(prios) == set(range(9)) and sorted(prios.values()) == sorted([2, 3, 1] * 3)
+    else:
+        assert prios == {0: 18}
     assert len(trajs) == 9 and stats["sched_engine_failures"] == 0
     for t in trajs:
         assert t.response_ids == ref[t.problem_id].response_ids and t.loss_mask == ref[t.problem_id].loss_mask

@@ -271,3 +271,47 @@ def test_siblings_share_the_prompts_whole_blocks_and_go_where_they_save_kv():
     one.release(0, "finished", 1.0)
     one.release(2, "finished", 1.0)
     assert one.engines[0].prompts == 96  # a's blocks freed, b's kept
+
+
+def test_kv_aware_priority_is_start_order_and_survives_a_requeue():
+    """Every turn of a kv_aware trajectory carries its start order as vLLM priority (0 = started first); other
+    policies (and kv_priority off) leave vLLM first come, first served (all 0)."""
+    s = Scheduler([100_000, 100_000], SchedulerCfg(probes_per_prompt=1), "kv_aware")
+    _submit(s, 4)
+    order = [t for t, _ in s.dispatch(0.0)]
+    assert s.uses_priority and [s.priority(t) for t in order] == [0, 1, 2, 3]
+    e = s.trajs[order[1]].engine
+    back = s.engine_failed(e, 1.0)
+    assert order[1] in back
+    s.dispatch(1.0)
+    assert s.trajs[order[1]].engine != e and s.priority(order[1]) == 1  # resumed elsewhere, same priority
+    for policy, cfg in (("round_robin", SchedulerCfg()), ("kv_aware", SchedulerCfg(kv_priority=False))):
+        s = Scheduler([100_000], cfg, policy)
+        _submit(s, 3)
+        s.dispatch(0.0)
+        assert not s.uses_priority and [s.priority(t) for t in range(3)] == [0, 0, 0]
+
+
+def test_simulated_vllm_preempts_by_priority_or_newest():
+    """The simulated engine's overflow victim: FCFS preempts the sequence admitted last (vLLM V1's default),
+    priority scheduling the largest (priority, admission order), which goes back to the waiting queue in priority
+    order, not to its front."""
+    from rstar2.rollout_sim import SimEngine, _Req
+
+    def overflowing(by_priority: bool) -> SimEngine:
+        en = SimEngine(Hardware(capacity=400), by_priority)
+        for tid, prio in ((0, 2), (1, 0), (2, 1)):  # admitted in this order (tid 2 the newest): 3 x 100 prompt
+            en.submit(_Req(tid, tid, 100, 100, 0, 500, prio))
+        en.admit()
+        en.advance(en.steps_to_next_event())  # the prefill step
+        en.advance(en.steps_to_next_event())  # then until KV runs out: 399 of 400 tokens
+        assert en.kv == 399
+        en.submit(_Req(3, 3, 100, 100, 0, 10, 5))  # no room for it, nor for the next step: one must go
+        en.admit()
+        return en
+
+    fcfs = overflowing(False)
+    assert set(fcfs.running) == {0, 1} and fcfs.preemptions == 1 and fcfs.waiting[0].tid == 2
+    prio = overflowing(True)
+    assert set(prio.running) == {1, 2} and prio.preemptions == 1
+    assert [r.tid for r in prio.waiting] == [0, 3]  # priority 2 before the waiting priority 5
