@@ -363,9 +363,9 @@ class EngineActor(VLLMEngine):
 
     async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None, int]],
                         temperature: float = 1.0, top_p: float = 1.0) -> None:
-        """A client's turns sent together, (key, prompt, max_tokens, seed, priority) each, admitted in the same step; each one
-        goes to that client's outbox the moment it finishes, for `collect`. A share of two calls per turn instead of
-        a call each."""
+        """A client's turns sent together, (key, prompt, max_tokens, seed, priority) each, admitted in the same
+        step; each one goes to that client's outbox the moment it finishes, for `collect`. A share of two calls per
+        turn instead of a call each."""
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
                                      [t[3] for t in turns], [t[4] for t in turns])
