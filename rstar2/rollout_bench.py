@@ -137,14 +137,11 @@ def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samp
                   lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
     trajs = rollout.make_trajs(tok, problems, samples, lim, SEED)
-    k = len(names)
+    generate = cluster.engine_generate(names, cfg.rollout.temperature, cfg.rollout.top_p)
     t0 = time.perf_counter()
-    parts = ray.get([cluster.get(n).generate.remote([t.prompt_ids for t in trajs[i::k]], [t.budget for t in trajs[i::k]],
-                                                     cfg.rollout.temperature, cfg.rollout.top_p,
-                                                     [t.turn_seed() for t in trajs[i::k]])
-                     for i, n in enumerate(names)])
+    outs = generate([t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs])
     wall = time.perf_counter() - t0
-    gen = sum(len(ids) for part in parts for ids, _ in part)
+    gen = sum(len(ids) for ids, _ in outs)
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
 
 
