@@ -19,17 +19,23 @@ ensure_env() {
   echo "[rstar2] creating $venv from $lock (about 2-3 minutes the first time)" >&2
   local log="$root/.rstar2/pip-install.log"
   mkdir -p "$root/.rstar2"
+  rm -f "$stamp"
   python3 -m venv "$venv"
-  {
-    "$venv/bin/pip" install -U "pip==26.3"
-    # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break vllm.
-    # --no-compile + compileall on every core: pip byte-compiles file by file (measured: 1m11s install + 65 s
-    # compile on 2 cores, instead of ~4 min); compileall's errors are py3.12-only test files, skipped as pip does.
-    DS_BUILD_OPS=0 "$venv/bin/pip" install --no-compile --no-deps -r "$lock"
-    "$venv/bin/pip" install --no-compile --no-deps -e .
-    "$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-  } > "$log" 2>&1 || { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
+  install_env > "$log" 2>&1 || { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
   echo "$want" > "$stamp"
+}
+
+# Chained with &&: under `set -e` a failure inside a block that is followed by `||` does not stop it (measured: a
+# lock install that failed on a full disk left a venv without pytest, stamped as complete).
+install_env() {
+  "$venv/bin/pip" install -U "pip==26.3" &&
+    # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break
+    # vllm. --no-compile + compileall on every core: pip byte-compiles file by file (measured: 1m11s install + 65 s
+    # compile on 2 cores, instead of ~4 min); compileall's errors are py3.12-only test files, skipped as pip does.
+    DS_BUILD_OPS=0 "$venv/bin/pip" install --no-compile --no-deps -r "$lock" &&
+    "$venv/bin/pip" install --no-compile --no-deps -e . &&
+    { "$venv/bin/python" -m compileall -q -j 0 \
+        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
 }
 
 # shellcheck source=infra/env.sh
