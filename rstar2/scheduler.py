@@ -254,7 +254,7 @@ class EngineView:
     groups: dict[str, int] = field(default_factory=dict)  # group -> trajectories of it in flight here
     usage: float = 0.0  # fraction of KV blocks in use, as vLLM reports it
     lag: float = 0.0  # KV in use beyond what the footprints account for now (tokens generated since the last turn)
-    preemptions_seen: int = 0
+    preemptions_seen: int | None = None  # vLLM's cumulative count at the last report (None: no report yet)
     blocked: bool = False  # admission refused for lack of room since the last adaptation
     last_adapt: float = float("-inf")
     dispatched: int = 0
@@ -552,8 +552,9 @@ class Scheduler:
         v.usage = usage
         v.lag = max(0.0, usage * v.capacity - float(v.load[0, 0]) - v.prompts)
         self._sync(e)
-        preempted = preemptions_total > v.preemptions_seen
-        v.preemptions_seen = max(v.preemptions_seen, preemptions_total)
+        # vLLM counts preemptions over the engine's life (engines outlive RL steps): the first report is a baseline
+        preempted = v.preemptions_seen is not None and preemptions_total > v.preemptions_seen
+        v.preemptions_seen = max(v.preemptions_seen or 0, preemptions_total)
         if self.policy != "kv_aware" or now - v.last_adapt < self.cfg.adapt_interval_s:
             return
         c = self.cfg

@@ -215,6 +215,22 @@ def test_measured_usage_beyond_the_footprints_holds_admission():
     assert [t for t, _ in s.dispatch(3.0)] == [10]
 
 
+def test_factor_shrinks_on_new_preemptions_not_on_an_engines_earlier_ones():
+    """vLLM's preemption counter runs over the engine's life, and engines outlive RL steps: a step's first report
+    of 230 (earlier steps' preemptions) is a baseline and leaves the factor at 1; one more preemption after it
+    shrinks the factor (x 0.85), and a report with no new one (after adapt_interval_s) does not shrink it again."""
+    cfg = SchedulerCfg(kv_z=0.0, kv_tail_slack=0.0, probes_per_prompt=1, adapt_interval_s=1.0)
+    s = Scheduler([10_000], cfg, "kv_aware", _learned([1000] * 32))
+    _submit(s, 12)
+    s.observe_engine(0, 0.0, usage=0.0, preemptions_total=230)
+    assert s.engines[0].factor == 1.0
+    assert len(s.dispatch(0.0)) == 10
+    s.observe_engine(0, 1.0, usage=0.5, preemptions_total=231)
+    assert s.engines[0].factor == pytest.approx(0.85)
+    s.observe_engine(0, 2.5, usage=0.5, preemptions_total=231)
+    assert s.engines[0].factor == pytest.approx(0.85)
+
+
 def test_the_rest_of_the_queue_goes_at_once_when_it_fits_within_the_slack():
     """Eleven queued, ten fit the budget on the mean: with 10 % slack the eleventh (11 x 1,000 = 11,000) is not left
     waiting; with 5 % it is."""
