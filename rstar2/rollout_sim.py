@@ -14,7 +14,9 @@ scheduler-simulation.md §1.1), with vLLM's semantics:
   * decode growth that does not fit preempts the newest running sequence (vLLM V1: recompute); with priority
     scheduling (kv_aware's start order), the largest (priority, arrival) instead, and the waiting queue is
     ordered by (priority, arrival);
-  * rollouts of one prompt on one engine share the prompt's KV (prefix caching).
+  * rollouts of one prompt on one engine share the prompt's KV (prefix caching);
+  * the scheduler is told what vLLM reports: KV usage of the running batch (cached prefixes count as free) and
+    preemptions (prefix-cache evictions are not counted).
 Between events (a turn ends, KV runs out, a request arrives) the batch is constant and its context grows by n
 per step, so k steps take a closed-form time: the simulator jumps event to event (a paper-scale step in seconds).
 
@@ -221,8 +223,9 @@ class SimEngine:
 
     @property
     def usage(self) -> float:
-        """KV in use, tool-waiting sequences' cached prefixes included (they are live trajectories' KV)."""
-        return (self.kv + self.cached_kv) / self.hw.capacity
+        """KV in use as vLLM reports it (`kv_cache_usage`): the running batch's blocks. A tool-waiting sequence's
+        cached prefix has no owner and counts as free (evictable), as in vLLM's block pool."""
+        return self.kv / self.hw.capacity
 
     def _join(self, r: _Req) -> None:
         if not self.group_refs.get(r.group):
@@ -446,7 +449,8 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
                 last = j == len(wl.decode[tid]) - 1
                 en.finish_turn(tid, keep_cache=not last)
                 sched.progress(tid, int(resp[tid]), j + 1)
-                sched.observe_engine(a, t, en.usage, en.preemptions + en.evictions)  # both mean recompute
+                # what a real engine reports: vLLM counts preemptions, not prefix-cache evictions
+                sched.observe_engine(a, t, en.usage, en.preemptions)
                 if last:
                     sched.release(tid, "finished", t)
                     done_times.append(t)

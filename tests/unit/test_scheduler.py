@@ -331,3 +331,22 @@ def test_simulated_vllm_preempts_by_priority_or_newest():
     prio = overflowing(True)
     assert set(prio.running) == {1, 2} and prio.preemptions == 1
     assert [r.tid for r in prio.waiting] == [0, 3]  # priority 2 before the waiting priority 5
+
+
+def test_simulated_vllm_reports_usage_as_vllm_does():
+    """The simulated engine tells the scheduler what vLLM's stats would: a sequence waiting on a tool keeps its KV
+    only as evictable prefix cache, which vLLM's block pool counts as free, so usage drops when its turn ends; its
+    cache still takes room (an admission must evict it first)."""
+    from rstar2.rollout_sim import SimEngine, _Req
+
+    en = SimEngine(Hardware(capacity=1000))
+    en.submit(_Req(0, 0, 100, 100, 0, 50))
+    en.admit()
+    en.advance(en.steps_to_next_event())  # the prefill step
+    [tid] = en.advance(en.steps_to_next_event())  # its turn ends after 50 tokens
+    assert en.usage == pytest.approx(0.15)  # prompt + 50
+    en.finish_turn(tid, keep_cache=True)  # off to a tool
+    assert en.usage == 0.0 and en.cached_kv == 50
+    en.submit(_Req(1, 1, 960, 960, 0, 10))  # needs the cached 50 tokens' room: evicts them
+    en.admit()
+    assert en.evictions == 1 and en.cached_kv == 0 and en.preemptions == 0
