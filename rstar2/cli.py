@@ -238,9 +238,10 @@ _REAL_COLS = {"policy": lambda r: r["policy"],
               "tok/s": lambda r: f"{r['tokens_per_s']:.0f}",
               "÷ raw (min-max)": lambda r: f"{r['vs_raw_generate']} ({r['vs_raw_generate_min']}-{r['vs_raw_generate_max']})",
               "÷ replay": lambda r: str(r["vs_replay"]),
+              "kv_aware ÷ this": lambda r: (f"{r['kv_aware_ratio']:.2f} ({r['kv_aware_ratio_min']:.2f}-"
+                                            f"{r['kv_aware_ratio_max']:.2f})" if "kv_aware_ratio" in r else "-"),
               "preempt": lambda r: f"{r['preemptions']:g}", "KV max": lambda r: str(r["kv_usage_max"]),
-              "in flight": lambda r: str(r["peak_inflight"]), "waiting": lambda r: str(r["peak_waiting_in_vllm"]),
-              "tools": lambda r: str(r["tool_calls"])}
+              "in flight": lambda r: str(r["peak_inflight"])}
 
 
 def _real_table(res: dict, c: dict) -> Table:
@@ -248,7 +249,8 @@ def _real_table(res: dict, c: dict) -> Table:
     table = Table(title=f"real rollout: {res['engines']} vLLM engines, {res['prompts']}x{res['samples']}, KV "
                         f"{c['kv_capacity_tokens']} tokens/engine, median of {res['rounds']} rounds, raw generate "
                         f"{c['raw_tokens_per_s_median']:.0f} tok/s, replay {c['replay_tokens_per_s_median']:.0f} "
-                        f"tok/s (load avg {res['load_avg_start'][0]:.2f} at start)")
+                        f"tok/s, {max(r['tool_calls'] for r in c['policies'])} tool calls per batch (load avg "
+                        f"{res['load_avg_start'][0]:.2f} at start)")
     for col in _REAL_COLS:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in c["policies"]:

@@ -115,6 +115,7 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
     out = []
     for p in policies:
         rs = [r for r in runs if r["policy"] == p]
+        vs_kv = _kv_aware_ratios(runs, p) if p != "kv_aware" else []
         med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
         out.append({"policy": p, "runs": len(rs), "makespan_s": round(med("makespan_s"), 2),
                     "makespan_min_s": round(min(r["makespan_s"] for r in rs), 2),
@@ -129,8 +130,20 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
                     "tool_wait_s": round(med("tool_wait_s"), 2), "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
                     "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls")),
                     "peak_inflight": int(statistics.median(max(r["peak_inflight"]) for r in rs)),
-                    "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs))})
+                    "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs)),
+                    **({"kv_aware_ratio": round(statistics.median(vs_kv), 3), "kv_aware_ratio_min": round(min(vs_kv), 3),
+                        "kv_aware_ratio_max": round(max(vs_kv), 3),
+                        "kv_aware_faster_rounds": sum(x < 1 for x in vs_kv)} if vs_kv else {})})
     return out
+
+
+def _kv_aware_ratios(runs: list[dict], policy: str) -> list[float]:
+    """kv_aware's makespan over `policy`'s in the same round, per round (< 1: kv_aware faster). Runs of one round
+    are minutes apart at most, so a change of machine load between rounds cancels out of the ratio."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_round.setdefault(r["round"], {})[r["policy"]] = r["makespan_s"]
+    return [d["kv_aware"] / d[policy] for d in by_round.values() if "kv_aware" in d and policy in d]
 
 
 def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samples: int,

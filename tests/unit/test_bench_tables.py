@@ -12,13 +12,33 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
            "preemptions": 1.5, "kv_usage_max": 0.669, "peak_inflight": 44, "peak_waiting_in_vllm": 0, "tool_calls": 156}
     res = {"engines": 2, "prompts": 16, "samples": 16, "rounds": 3, "load_avg_start": (1.0, 1.0, 1.0)}
     cfg = {"kv_capacity_tokens": [4096, 4096], "raw_tokens_per_s_median": 3346.0, "replay_tokens_per_s_median": 2210.4,
-           "policies": [pol, {**pol, "policy": "round_robin", "preemptions": 95}]}
+           "policies": [pol, {**pol, "policy": "round_robin", "preemptions": 95, "kv_aware_ratio": 1.214,
+                              "kv_aware_ratio_min": 1.087, "kv_aware_ratio_max": 1.301}]}
     console = Console(width=130, record=True)
     console.print(_real_table(res, cfg))
     lines = console.export_text().splitlines()
-    row = next(line for line in lines if "kv_aware" in line)
-    for cell in ("4.89 (4.42-5.19)", "1837", "0.548 (0.532-0.605)", "0.81", "1.5", "0.669", "44", "156"):
+    row = next(line for line in lines if line.startswith("│ kv_aware"))
+    for cell in ("4.89 (4.42-5.19)", "1837", "0.548 (0.532-0.605)", "0.81", "1.5", "0.669", "44"):
         assert cell in row
-    assert "95" in next(line for line in lines if "round_robin" in line)
+    rr = next(line for line in lines if line.startswith("│ round_robin"))
+    assert "95" in rr and "1.21 (1.09-1.30)" in rr  # kv_aware's makespan over round robin's, same round
     title = " ".join(line.strip() for line in lines[:2])
     assert "KV [4096, 4096] tokens/engine" in title and "raw generate 3346" in title and "replay 2210" in title
+    assert "156 tool calls per batch" in title
+
+
+def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
+    """kv_aware's makespan over each other policy's in the same round (load changes between rounds cancel): the
+    median, range and the rounds kv_aware was faster; none for kv_aware itself."""
+    from rstar2.rollout_bench import _summarize
+
+    spans = {0: {"kv_aware": 3.0, "round_robin": 2.5}, 1: {"kv_aware": 2.0, "round_robin": 2.5},
+             2: {"kv_aware": 3.3, "round_robin": 3.0}}
+    runs = [{"round": r, "policy": p, "makespan_s": m, "tokens_per_s": 1.0, "vs_raw_generate": 0.5, "vs_replay": 0.6,
+             "generated_tokens": 10, "preemptions": 0, "kv_usage_max": [0.5], "tool_wait_s": 1.0,
+             "queue_wait_mean_s": 0.0, "mean_turns": 1.5, "tool_calls": 3, "peak_inflight": [4],
+             "peak_waiting_in_vllm": [0]} for r, d in spans.items() for p, m in d.items()]
+    kv, rr = _summarize(runs, ["kv_aware", "round_robin"])
+    assert "kv_aware_ratio" not in kv
+    assert rr["kv_aware_ratio"] == 1.1 and rr["kv_aware_ratio_min"] == 0.8 and rr["kv_aware_ratio_max"] == 1.2
+    assert rr["kv_aware_faster_rounds"] == 1
