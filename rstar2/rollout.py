@@ -324,6 +324,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
     def next_turn(tid: int) -> None:
         t = trajs[tid]
         sched.progress(tid, len(t.response_ids), t.num_turns)
+        sched.at_tool(tid, False)
         send(tid)
 
     def probe_all() -> None:
@@ -354,7 +355,9 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
             while placed != len(failures):  # a submit that failed requeued its engine's trajectories: place again
                 placed = len(failures)
                 for tid, e in sched.dispatch(now()):
-                    if tid not in at_tool:
+                    if tid in at_tool:  # requeued after an engine failure while at a tool: its turn goes in later
+                        sched.at_tool(tid, True)
+                    else:
                         send(tid)
             probe_all()
             if all(what[0] == "probe" for what in futs.values()):
@@ -393,8 +396,10 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
                     except Exception as err:  # noqa: BLE001 - a dead or broken engine: requeue, the batch completes
                         fail(e, repr(err))
                         continue
-                    observe(e, stats)
                     p = _model_turn(trajs[tid], ids, finish, tokenizer, limits)
+                    if p is not None and p.request is not None:
+                        sched.at_tool(tid, True)  # before the stats: vLLM's usage no longer counts its KV
+                    observe(e, stats)
                     if p is None:
                         end(tid)
                     elif p.request is None:

@@ -449,6 +449,8 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
                 last = j == len(wl.decode[tid]) - 1
                 en.finish_turn(tid, keep_cache=not last)
                 sched.progress(tid, int(resp[tid]), j + 1)
+                if not last:
+                    sched.at_tool(tid, True)  # vLLM now holds its KV as evictable cache only
                 # what a real engine reports: vLLM counts preemptions, not prefix-cache evictions
                 sched.observe_engine(a, t, en.usage, en.preemptions)
                 if last:
@@ -467,6 +469,7 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
             resp[tid] += wl.tool_out[tid][j]
             turn[tid] = j + 1
             p = int(wl.prompt_len[tid])
+            sched.at_tool(tid, False)
             arrive(e, _Req(tid, int(wl.group[tid]), p, before + wl.tool_out[tid][j], before, wl.decode[tid][j + 1],
                            sched.priority(tid)), t)
     if not sched.done:

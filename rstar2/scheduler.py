@@ -237,6 +237,7 @@ class TrajView:
     queue_wait_s: float = 0.0
     requeues: int = 0
     rank: int | None = None  # start order: kv_aware's vLLM priority for every turn
+    away_kv: float | None = None  # at a tool: its KV now (vLLM holds it only as evictable cache); None: in a turn
     outcome: str | None = None
 
 
@@ -254,6 +255,10 @@ class EngineView:
     groups: dict[str, int] = field(default_factory=dict)  # group -> trajectories of it in flight here
     usage: float = 0.0  # fraction of KV blocks in use, as vLLM reports it
     lag: float = 0.0  # KV in use beyond what the footprints account for now (tokens generated since the last turn)
+    away: float = 0.0  # KV now of the trajectories at a tool, which vLLM's usage does not count (evictable cache),
+    # and the shared prompt of each group all of whose trajectories here are at a tool
+    away_members: dict[str, int] = field(default_factory=dict)  # group -> its trajectories here at a tool
+    away_groups: set[str] = field(default_factory=set)  # groups whose prompt counts in `away`
     preemptions_seen: int | None = None  # vLLM's cumulative count at the last report (None: no report yet)
     blocked: bool = False  # admission refused for lack of room since the last adaptation
     last_adapt: float = float("-inf")
@@ -520,6 +525,7 @@ class Scheduler:
             v.load += tv.footprint
         v.prompts += self._charge(v, tv)
         v.groups[tv.group] = v.groups.get(tv.group, 0) + 1
+        self._prompt_away(v, tv)  # a new one is in a turn: its group's prompt is in vLLM's KV
         v.inflight.add(tv.tid)
         self._siblings.setdefault(tv.group, np.zeros(len(self.engines)))[e] += 1
         self._sync(e)
@@ -541,6 +547,32 @@ class Scheduler:
             v.load += new - tv.footprint
             tv.footprint = new
 
+    def at_tool(self, tid: int, away: bool) -> None:
+        """The trajectory's turn ended in a tool call (away) or its next turn goes in (not away). While it is away,
+        vLLM keeps its KV only as evictable prefix cache, which vLLM's KV usage counts as free: the lag (KV in use
+        beyond the footprints) compares vLLM's usage with the trajectories in a turn only. Its footprint still
+        counts for admission: its next turn comes back to this engine (sticky), and its cached prefix with it."""
+        tv = self._running(tid)
+        if (tv.away_kv is not None) == away:
+            return
+        v = self.engines[tv.engine]
+        if away:
+            tv.away_kv = float(tv.footprint[0, 0]) if tv.footprint is not None else 0.0
+            v.away += tv.away_kv
+        else:
+            v.away -= tv.away_kv
+            tv.away_kv = None
+        v.away_members[tv.group] = v.away_members.get(tv.group, 0) + (1 if away else -1)
+        self._prompt_away(v, tv)
+
+    def _prompt_away(self, v: EngineView, tv: TrajView) -> None:
+        """Count tv's group's shared prompt in `away` exactly while all of the group's trajectories here are away."""
+        g = tv.group
+        all_away = v.groups.get(g, 0) > 0 and v.away_members.get(g, 0) == v.groups[g]
+        if all_away != (g in v.away_groups):
+            (v.away_groups.add if all_away else v.away_groups.discard)(g)
+            v.away += self._shared_prompt(tv) if all_away else -self._shared_prompt(tv)
+
     def observe_engine(self, e: int, now: float, usage: float, preemptions_total: int) -> None:
         """vLLM's own stats for engine e: KV usage (fraction of blocks in use) and cumulative preemptions.
 
@@ -550,7 +582,7 @@ class Scheduler:
         matters: right after admission every trajectory is short, so low usage says nothing yet."""
         v = self.engines[e]
         v.usage = usage
-        v.lag = max(0.0, usage * v.capacity - float(v.load[0, 0]) - v.prompts)
+        v.lag = max(0.0, usage * v.capacity - (float(v.load[0, 0]) - v.away) - v.prompts)
         self._sync(e)
         # vLLM counts preemptions over the engine's life (engines outlive RL steps): the first report is a baseline
         preempted = v.preemptions_seen is not None and preemptions_total > v.preemptions_seen
@@ -617,9 +649,16 @@ class Scheduler:
             v.prompts -= self._shared_prompt(tv)
         if tv.footprint is not None:
             v.load -= tv.footprint
+        if tv.away_kv is not None:
+            v.away -= tv.away_kv
+            v.away_members[tv.group] -= 1
+            tv.away_kv = None
+        self._prompt_away(v, tv)
         if not v.inflight:  # no float drift on an empty engine
             v.load[:] = 0.0
-            v.prompts = 0.0
+            v.prompts = v.away = 0.0
+            v.away_members.clear()
+            v.away_groups.clear()
         self._sync(tv.engine)
         tv.footprint, tv.engine = None, None
 

@@ -231,6 +231,35 @@ def test_factor_shrinks_on_new_preemptions_not_on_an_engines_earlier_ones():
     assert s.engines[0].factor == pytest.approx(0.85)
 
 
+def test_lag_compares_vllms_usage_with_the_trajectories_in_a_turn():
+    """vLLM's KV usage leaves out a trajectory at a tool (its KV is evictable cache), and a prompt whose rollouts here
+    are all at a tool. Trajectories 0, 1 (prompt a) and 2 (prompt b), 100-token prompts, each reported at 300
+    tokens; 0 and 1 have generated 50 more since. With 2 at a tool vLLM holds 100 + 2 x 350 = 800 tokens: the lag is
+    the 100 generated since the reports (counting 2 and prompt b as held, it would read 0 and admit into their
+    cache). Then 1 and 0 leave too (prompt a with them), 1 comes back, and 2 ends while away."""
+    cfg = SchedulerCfg(kv_z=0.0, kv_tail_slack=0.0, probes_per_prompt=1)
+    s = Scheduler([10_000], cfg, "kv_aware", _learned([1000] * 32))
+    for tid, group in enumerate("aab"):
+        s.submit(tid, group, 100, 4800, 0.0)
+    assert len(s.dispatch(0.0)) == 3
+    for tid in range(3):
+        s.progress(tid, 300, 1)
+    v = s.engines[0]
+    s.at_tool(2, True)
+    s.observe_engine(0, 1.0, usage=800 / 10_000, preemptions_total=0)
+    assert v.away == pytest.approx(400) and v.lag == pytest.approx(100)
+    s.at_tool(1, True)
+    s.observe_engine(0, 1.1, usage=450 / 10_000, preemptions_total=0)
+    assert v.lag == pytest.approx(50)
+    s.at_tool(0, True)  # prompt a's rollouts are all away: vLLM holds nothing
+    s.observe_engine(0, 1.2, usage=0.0, preemptions_total=0)
+    assert v.away == pytest.approx(1100) and v.lag == 0.0
+    s.at_tool(1, False)
+    assert v.away == pytest.approx(700)
+    s.release(2, "finished", 2.0)  # ends at its tool call: its KV and prompt b leave the books
+    assert v.away == pytest.approx(300) and v.away_groups == set()
+
+
 def test_the_rest_of_the_queue_goes_at_once_when_it_fits_within_the_slack():
     """Eleven queued, ten fit the budget on the mean: with 10 % slack the eleventh (11 x 1,000 = 11,000) is not left
     waiting; with 5 % it is."""
