@@ -316,14 +316,21 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
 
     def end(tid: int) -> None:
         nonlocal finished
+        report(tid)  # its final length and turns: what the length estimate learns
         sched.release(tid, "finished", now())
         finished += 1
         if on_done:
             on_done(finished, len(trajs))
 
+    def report(tid: int) -> None:
+        """The trajectory's length and turns so far, as its turn or tool reply comes in (if it still runs: not if
+        its engine failed meanwhile and it waits in the queue)."""
+        if sched.trajs[tid].state == RUNNING:
+            t = trajs[tid]
+            sched.progress(tid, len(t.response_ids), t.num_turns)
+
     def next_turn(tid: int) -> None:
-        t = trajs[tid]
-        sched.progress(tid, len(t.response_ids), t.num_turns)
+        report(tid)
         sched.at_tool(tid, False)
         send(tid)
 
@@ -398,6 +405,7 @@ def run_scheduled(engines: list[EngineClient], capacities: list[int], cfg: Sched
                         continue
                     p = _model_turn(trajs[tid], ids, finish, tokenizer, limits)
                     if p is not None and p.request is not None:
+                        report(tid)  # its KV now holds this turn's tokens, while it waits on the sandbox
                         sched.at_tool(tid, True)  # before the stats: vLLM's usage no longer counts its KV
                     observe(e, stats)
                     if p is None:

@@ -254,3 +254,34 @@ def test_an_engine_that_answers_no_probe_is_dead(tok, service):
                              max_response_tokens=2000)
     assert stats["sched_engine_failures"] == 1 and "probe" in stats["sched_failures"][0]["error"]
     assert_exactly_once(trajs, script, 4)
+
+
+def test_the_scheduler_hears_each_turn_as_it_ends(tok, service, monkeypatch):
+    """The scheduler gets a trajectory's length the moment a turn ends: when it leaves for a tool, its footprint holds
+    the turn just generated (the KV vLLM keeps cached for it), and when it finishes, the length estimate learns its
+    whole response and every turn (before, a one-turn trajectory was learned as length 0, turns 0)."""
+    from rstar2.scheduler import LengthEstimator, Scheduler
+
+    away_at: dict[int, list[int]] = {}
+    at_tool = Scheduler.at_tool
+
+    def spy(self, tid, away):
+        if away:
+            away_at.setdefault(tid, []).append(self.trajs[tid].response_len)
+        at_tool(self, tid, away)
+
+    monkeypatch.setattr(Scheduler, "at_tool", spy)
+    script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
+    est = LengthEstimator()
+    gen = scripted(tok, script)
+    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
+    from rstar2.config import SchedulerCfg
+    trajs, _ = rollout.run_scheduled([FakeEngine(gen)], [10_000], SchedulerCfg(), service, tok, problems, 2,
+                                     rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
+                                     policy="kv_aware", estimator=est)
+    est.commit()
+    assert sorted(est._ref) == sorted((len(t.response_ids), t.num_turns) for t in trajs)
+    assert {t.num_turns for t in trajs} == {1, 2, 3}
+    for tid, t in enumerate(trajs):  # a tool reply starts where the loss mask turns from 1 to 0
+        tool_starts = [i for i in range(1, len(t.loss_mask)) if t.loss_mask[i - 1] and not t.loss_mask[i]]
+        assert away_at.get(tid, []) == tool_starts
