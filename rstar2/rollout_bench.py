@@ -39,6 +39,7 @@ SEED = "bench"  # seeded sampling as in the RL step: every policy run generates 
 
 def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, samples: int, policies: list[str],
              rounds: int = 3, kv_mb: list[int] | None = None, run_id: str = "bench-rollout") -> dict:
+    load_at_start = os.getloadavg()  # the machine's load before the engines start (it is shared)
     tok = load_tokenizer(model_dir)
     problems = steps.select_prompts(problems_uri, 0, prompts, cfg.seed)
     lim = rollout.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
@@ -48,7 +49,7 @@ def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, sampl
         c = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kv_cache_mb": mb})})
         configs.append(_one_config(c, model_dir, tok, problems, samples, lim, policies, rounds, f"{run_id}-kv{mb}"))
     return {"engines": cfg.engine.num_engines, "prompts": prompts, "samples": samples, "rounds": rounds,
-            "load_avg_start": os.getloadavg(), "configs": configs}
+            "load_avg_start": load_at_start, "configs": configs}
 
 
 def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
