@@ -126,12 +126,14 @@ class FakeEngine:
         return f
 
 
-def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, **limits):
+def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
+              **limits):
     from rstar2.config import SchedulerCfg
 
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
     return rollout.run_scheduled(engines, [10_000] * len(engines), cfg or SchedulerCfg(), service, tok, problems,
-                                 samples, rollout.RolloutLimits(**limits), policy=policy, seed=seed)
+                                 samples, rollout.RolloutLimits(**limits), policy=policy, seed=seed,
+                                 estimator=estimator)
 
 
 def assert_exactly_once(trajs, script, samples):
@@ -273,12 +275,8 @@ def test_the_scheduler_hears_each_turn_as_it_ends(tok, service, monkeypatch):
     monkeypatch.setattr(Scheduler, "at_tool", spy)
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
     est = LengthEstimator()
-    gen = scripted(tok, script)
-    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    from rstar2.config import SchedulerCfg
-    trajs, _ = rollout.run_scheduled([FakeEngine(gen)], [10_000], SchedulerCfg(), service, tok, problems, 2,
-                                     rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
-                                     policy="kv_aware", estimator=est)
+    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script))], samples=2, estimator=est,
+                         max_turns=5, max_response_tokens=2000)
     est.commit()
     assert sorted(est._ref) == sorted((len(t.response_ids), t.num_turns) for t in trajs)
     assert {t.num_turns for t in trajs} == {1, 2, 3}
