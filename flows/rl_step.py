@@ -20,10 +20,10 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
     limits = cfg.rollout_for(stage)
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
     rolled = rl.rollout(actors, world["init_model"], problems_uri, step, stage.prompts_per_step, samples, limits,
-                        cfg.sandbox, cfg.seed, cfg.world.max_positions, str(d / "rollouts.parquet"), cfg.scheduler)
+                        cfg.sandbox, cfg.rl_seed, cfg.world.max_positions, str(d / "rollouts.parquet"), cfg.scheduler)
     scored = rl.score(rolled["uri"], cfg.sandbox, str(d / "scored.parquet"))
     sandbox = rl.sandbox_stats(scored)
-    kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.seed * 100_003 + global_step,
+    kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.rl_seed * 100_003 + global_step,
                          str(d / "kept.parquet"))
     batch = rl.batch_metrics(scored, kept)
     update = rl.grpo_update(actors, kept)
@@ -31,7 +31,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, actors: d
             "global_step": global_step + 1}
     ckpt = rl.checkpoint(actors, update, batch, sandbox, str(Path(run_dir) / "checkpoints" / stage.name /
                                                              f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id)
-    rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.seed + global_step)
+    rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
     metrics = {**{k: v for k, v in rolled.items() if k != "uri"}, **batch, **sandbox, **{k: v for k, v in kept.items() if k != "uri"}, **update}
     tracking.log_metrics(mlflow_run_id, metrics, step=global_step + 1)
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:

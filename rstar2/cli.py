@@ -53,6 +53,17 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
     _write_json(json_path, summary)
 
 
+def _ks(res: dict) -> list[int]:
+    """The k of an evaluation's pass_at_{k} keys, ascending."""
+    return sorted(int(k.removeprefix("pass_at_")) for k in res if k.startswith("pass_at_"))
+
+
+def _pm(res: dict, key: str = "pass1", se: str = "pass1_se") -> str:
+    """`0.512 ± 0.031` (the standard error is left out where it is not defined: one problem)."""
+    v, e = res[key], res.get(se)
+    return f"{v:.3f}" if e is None or e != e else f"{v:.3f} ± {e:.3f}"
+
+
 def _check_preset(preset: str, overrides: list[str]) -> None:
     """Fail fast, with one clear message, before anything starts."""
     from rstar2 import config
@@ -118,10 +129,12 @@ def evaluate(preset: str = typer.Option("tiny"), run_name: Optional[str] = typer
 
     res = evaluate_flow(EvalParams(preset=preset, overrides=set_, run_name=run_name, checkpoint=checkpoint,
                                    split=split))
-    table = Table(title="rstar2 evaluate")
-    for col in ("pass@1", "samples", "problems", "mean response length"):
+    ks = _ks(res)
+    table = Table(title="rstar2 evaluate (± standard error over problems; pass@k unbiased, Chen et al. 2021)")
+    for col in ("pass@1 ± se", *(f"pass@{k}" for k in ks[1:]), "samples", "problems", "mean response length"):
         table.add_column(col)
-    table.add_row(f"{res['pass1']:.3f}", str(res["samples"]), str(res["problems"]), f"{res['response_len_mean']:.0f}")
+    table.add_row(_pm(res), *(f"{res[f'pass_at_{k}']:.3f}" for k in ks[1:]), str(res["samples"]),
+                  str(res["problems"]), f"{res['response_len_mean']:.0f}")
     console.print(table)
     _write_json(json_path, res)
 

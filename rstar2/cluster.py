@@ -54,6 +54,8 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
     for i, name in enumerate(engine_names):
         if _alive(name):
             continue
+        # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
+        # carries its own sampling seed (rstar2.rollout.Trajectory.turn_seed), so this one picks no sample
         spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                           kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size)
@@ -67,7 +69,7 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
         # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
         cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, gpu)
         _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(
-            name=trainer_name).remote(model_dir, cfg.trainer, cfg.seed, threads)
+            name=trainer_name).remote(model_dir, cfg.trainer, cfg.rl_seed, threads)
     for name in engine_names + ([trainer_name] if trainer_name else []):
         ray.get(get(name).__ray_ready__.remote())
     return engine_names, trainer_name

@@ -192,7 +192,9 @@ class EvalCfg(_Cfg):
 
 class RunCfg(_Cfg):
     name: str = "rstar2"
-    seed: int = 0
+    seed: int = 0  # the world (problems, tokenizer, initial model) and SFT
+    rl_seed: int = 0  # RL alone: rollout sampling, data order, RoC draws, mining, the trainer's torch/mini-batch seed.
+    # The seed axis (`campaign --seeds N`) varies it over one world and SFT model; evaluation sampling is eval.seed
     out_dir: str = "runs"
     experiment: str = "rstar2"
     world: WorldCfg = Field(default_factory=WorldCfg)

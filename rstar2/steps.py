@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rstar2 import roc, rollout
+from rstar2 import roc, rollout, stats
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
 from rstar2.reward import Verifier
 from rstar2.sandbox import ExecRequest, ExecResult
@@ -176,7 +176,8 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
 
 def evaluate(generate, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg, max_model_len: int,
              sandbox_cfg: SandboxCfg, out_uri: str, on_turn=None) -> dict:
-    """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config)."""
+    """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
+    its standard error and pass@k (eval_stats)."""
     df = validate(pl.read_parquet(problems_uri))
     if cfg.n_problems:
         df = df.head(cfg.n_problems)
@@ -185,7 +186,13 @@ def evaluate(generate, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg, max_
     info = rollout_to_parquet(generate, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
                               cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_turn, seed=f"eval/{cfg.seed}")
     scored = score(out_uri, sandbox_cfg, out_uri)
-    res = pl.read_parquet(out_uri)
-    per_problem = res.group_by("problem_id").agg(pl.col("reward").mean())
-    return {"pass1": float(per_problem["reward"].mean()), "samples": cfg.samples, "problems": per_problem.height,
-            "response_len_mean": float(res["response_len"].mean()), "eval_s": info["rollout_s"], **scored}
+    return {**eval_stats(out_uri), "eval_s": info["rollout_s"], **scored}
+
+
+def eval_stats(scored_uri: str) -> dict:
+    """An evaluation's figures from its scored samples: pass1 with its standard error over problems (pass1_se),
+    unbiased pass_at_{k} for k = 1, 2, 4, ... up to the samples per problem (rstar2.stats), problems, samples, and the
+    mean response length."""
+    res = pl.read_parquet(scored_uri)
+    by_problem = res.group_by("problem_id", maintain_order=True).agg(pl.col("reward"))["reward"].to_list()
+    return {**stats.evaluation_stats(by_problem), "response_len_mean": float(res["response_len"].mean())}

@@ -111,11 +111,13 @@ def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir:
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
 def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
              sandbox_cfg: SandboxCfg, out_uri: str) -> dict:
-    """pass@1 of `model_dir` (already loaded in the engines). Its result is written next to the samples and reused
-    by a retried run, so a finished evaluation is never redone."""
+    """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines). Its result is written next to
+    the samples and reused by a retried run, so a finished evaluation is never redone."""
     done = Path(out_uri).with_suffix(".json")
     if done.is_file() and json.loads(done.read_text()).get("model_dir") == model_dir:
-        return json.loads(done.read_text())["result"]
+        res = json.loads(done.read_text())["result"]
+        # a result from before pass1_se/pass@k: its figures again from the same samples
+        return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
     gen = cluster.engine_generate(actors["engines"], eval_cfg.temperature, 1.0)
     with bar("evaluate") as progress:
         res = steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri,

@@ -75,3 +75,16 @@ def test_curve_band_averages_the_seeds_that_logged_each_step():
     band = stats.curve_band([[(1, 0.2), (2, 0.4)], [(1, 0.4)], [(2, 0.6), (1, 0.3)]])
     want = [(1, 0.3, 0.2, 0.4, 3), (2, 0.5, 0.4, 0.6, 2)]
     assert len(band) == 2 and all(got == pytest.approx(w) for got, w in zip(band, want))
+
+
+def test_an_evaluation_reports_its_statistics_from_the_scored_samples(tmp_path):
+    import polars as pl
+
+    from rstar2 import steps
+
+    uri = tmp_path / "eval.parquet"
+    pl.DataFrame({"problem_id": ["a", "a", "b", "b", "c", "c", "d", "d"], "reward": [0.0, 0, 1, 1, 1, 0, 0, 1],
+                  "response_len": [10] * 8}).write_parquet(uri)
+    ev = steps.eval_stats(str(uri))
+    assert ev == pytest.approx({"pass1": 0.5, "pass1_se": 0.2041241, "pass_at_1": 0.5, "pass_at_2": 0.75,
+                                "problems": 4, "samples": 2, "response_len_mean": 10.0})
