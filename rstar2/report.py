@@ -1,11 +1,15 @@
-"""Human-readable reports: sampled trajectories as markdown (Prefect UI artifact) and the ablation / stage comparison
-plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length vs step."""
+"""Human-readable reports: sampled trajectories as markdown (Prefect UI artifact), the ablation / stage comparison
+plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length vs step,
+and the figures of a campaign over RL seeds and of an ablation's variants against its baseline."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+
+from rstar2 import stats
 
 CURVES = {"reward_mean": "reward (mean)", "pass1_train": "pass@1 (train batch)",
           "tool_error_rate_pos": "tool-error rate among positive trajectories", "response_len_mean": "response length (tokens)"}
@@ -34,9 +38,12 @@ def trajectory_markdown(scored_uri: str, n: int = 3, seed: int = 0, max_chars: i
     return "\n".join(parts)
 
 
-def comparison_plots(histories: dict[str, dict[str, list[tuple[int, float]]]], out_dir: str,
-                     title: str) -> list[str]:
-    """One PNG per curve; `histories[label][metric] = [(step, value), ...]`, one line per label (stage/variant)."""
+Curves = dict[str, list[tuple[int, float]]]  # metric -> [(step, value), ...] of one run
+
+
+def comparison_plots(histories: dict[str, Curves | list[Curves]], out_dir: str, title: str) -> list[str]:
+    """One PNG per curve, one line per label (stage/variant); `histories[label]` is one run's curves, or a list of
+    runs (its seeds): then the line is their mean per step with a min-max band (stats.curve_band)."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display on servers and CI
@@ -47,10 +54,17 @@ def comparison_plots(histories: dict[str, dict[str, list[tuple[int, float]]]], o
     paths = []
     for metric, label in CURVES.items():
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        for name, curves in histories.items():
-            pts = sorted(curves.get(metric, []))
-            if pts:
-                ax.plot([s for s, _ in pts], [v for _, v in pts], marker=".", label=name)
+        for name, runs in histories.items():
+            runs = runs if isinstance(runs, list) else [runs]
+            band = stats.curve_band([r.get(metric, []) for r in runs])
+            if not band:
+                continue
+            steps, mean, lo, hi, _ = (list(col) for col in zip(*band))
+            if len(runs) == 1:
+                ax.plot(steps, mean, marker=".", label=name)
+                continue
+            line, = ax.plot(steps, mean, marker=".", label=f"{name}: mean of {len(runs)} seeds, min-max")
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel("RL step")
         ax.set_ylabel(label)
         ax.set_title(f"{title}: {label}", fontsize=9)
@@ -83,3 +97,55 @@ def per_step_markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def mean_curves(runs: list[Curves]) -> Curves:
+    """Several runs' (seeds') curves as one: the mean per step over the runs that logged it."""
+    return {m: [(step, mean) for step, mean, *_ in stats.curve_band([r.get(m, []) for r in runs])]
+            for m in sorted({m for r in runs for m in r})}
+
+
+def seed_aggregate(sft: dict, by_seed: list[dict]) -> dict:
+    """A campaign's figures over its RL seeds: one SFT evaluation `sft`, one final evaluation per seed (`by_seed`,
+    each with rl_seed, pass1, pass1_se, pass_at_{k}), all on the same split. Gain of seed s: pass1_s - pass1_sft
+    (the SFT model is shared, so the spread over seeds is the RL's); its mean, min, max and 95 % interval over seeds
+    (stats.seed_summary). pass1_se is the mean of the seeds' standard errors (the noise of one evaluation)."""
+    rl = [float(s["pass1"]) for s in by_seed]
+    gain = stats.seed_summary([v - sft["pass1"] for v in rl])
+    over_rl = stats.seed_summary(rl)
+    ks = sorted(int(k.removeprefix("pass_at_")) for k in sft if k.startswith("pass_at_"))
+    return {"seeds": len(by_seed), "rl_seeds": [s["rl_seed"] for s in by_seed],
+            "pass1_sft": sft["pass1"], "pass1_sft_se": sft["pass1_se"],
+            "pass1_rl": over_rl["mean"], "pass1_rl_by_seed": rl, "pass1_rl_min": over_rl["min"],
+            "pass1_rl_max": over_rl["max"], "pass1_rl_ci95": over_rl["ci95"],
+            "pass1_se": float(np.mean([s["pass1_se"] for s in by_seed])),
+            "pass1_gain": gain["mean"], "pass1_gain_mean": gain["mean"], "pass1_gain_min": gain["min"],
+            "pass1_gain_max": gain["max"], "pass1_gain_ci95": gain["ci95"],
+            **{f"pass_at_{k}_sft": sft[f"pass_at_{k}"] for k in ks},
+            **{f"pass_at_{k}_rl": float(np.mean([s[f"pass_at_{k}"] for s in by_seed])) for k in ks
+               if all(f"pass_at_{k}" in s for s in by_seed)},
+            "by_seed": [{**s, "pass1_gain": s["pass1"] - sft["pass1"]} for s in by_seed]}
+
+
+def ablation_summary(results: dict[str, dict]) -> dict:
+    """An ablation's figures from its variants' campaign summaries (seed_aggregate's keys): per variant the mean,
+    min, max and 95 % interval over seeds of held-out pass@1 after RL and of the gain; and every variant against the
+    first (the baseline): the difference of pass@1 after RL with its Welch 95 % interval and whether it is beyond
+    the noise of the seeds (stats.compare). The variants share one SFT model, so this is also the gain's difference."""
+    r4 = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
+    rows = []
+    for v, s in results.items():
+        gains = stats.seed_summary([g["pass1_gain"] for g in s["by_seed"]])
+        rows.append({"variant": v, "seeds": s["seeds"], "pass1_sft": r4(s["pass1_sft"]), "pass1_rl": r4(s["pass1_rl"]),
+                     "pass1_rl_min": r4(s["pass1_rl_min"]), "pass1_rl_max": r4(s["pass1_rl_max"]),
+                     "pass1_rl_ci95": [r4(x) for x in s["pass1_rl_ci95"]], "pass1_se": r4(s["pass1_se"]),
+                     "gain": r4(gains["mean"]), "gain_min": r4(gains["min"]), "gain_max": r4(gains["max"]),
+                     "gain_ci95": [r4(x) for x in gains["ci95"]], "steps": s["steps"], "wall_s": round(s["wall_s"])})
+    (base, b), *others = results.items()
+    comparisons = []
+    for v, s in others:
+        c = stats.compare(s["pass1_rl_by_seed"], b["pass1_rl_by_seed"])
+        comparisons.append({"variant": v, "baseline": base, "diff": r4(c["diff"]),
+                            "ci95": c["ci95"] and [r4(x) for x in c["ci95"]], "beyond_noise": c["beyond_noise"],
+                            "seeds": [c["n_a"], c["n_b"]]})
+    return {"variants": rows, "comparisons": comparisons}

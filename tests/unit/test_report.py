@@ -1,6 +1,7 @@
 """Reports: the trajectory markdown and the comparison plots."""
 
 import polars as pl
+import pytest
 
 from rstar2 import report
 
@@ -25,3 +26,51 @@ def test_trajectory_markdown_shows_positives_and_negatives(tmp_path):
                   "response_text": ["<tool_call>x</tool_call> \\boxed{3}", "\\boxed{5}"]}).write_parquet(uri)
     md = report.trajectory_markdown(str(uri), n=2)
     assert "a (sample 0): reward 1, gold 3" in md and "b (sample 1): reward 0, gold 4" in md and "['ok']" in md
+
+
+def test_comparison_plots_draw_seeds_as_a_mean_with_a_band(tmp_path):
+    seeds = [{"reward_mean": [(1, 0.2), (2, 0.4)]}, {"reward_mean": [(1, 0.4), (2, 0.6)]}]
+    paths = report.comparison_plots({"tiny": seeds}, str(tmp_path), "t")
+    assert len(paths) == len(report.CURVES)
+    assert report.mean_curves(seeds) == {"reward_mean": [(1, pytest.approx(0.3)), (2, pytest.approx(0.5))]}
+
+
+# a recorded table: one SFT evaluation and three seeds' final evaluations on the same split
+SFT = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
+SEEDS = [{"rl_seed": 0, "pass1": 0.50, "pass1_se": 0.02, "pass_at_1": 0.50, "pass_at_2": 0.60},
+         {"rl_seed": 1, "pass1": 0.55, "pass1_se": 0.04, "pass_at_1": 0.55, "pass_at_2": 0.70},
+         {"rl_seed": 2, "pass1": 0.45, "pass1_se": 0.03, "pass_at_1": 0.45, "pass_at_2": 0.65}]
+
+
+def test_seed_aggregate_against_a_hand_computation():
+    agg = report.seed_aggregate(SFT, SEEDS)
+    # gains 0.10, 0.15, 0.05: mean 0.10, sd 0.05, half width t(2) 0.05 / sqrt(3) = 4.3027 * 0.028868 = 0.124207
+    assert agg["seeds"] == 3 and agg["rl_seeds"] == [0, 1, 2]
+    assert agg["pass1_sft"] == 0.40 and agg["pass1_sft_se"] == 0.03
+    assert agg["pass1_rl"] == pytest.approx(0.50) and agg["pass1_rl_by_seed"] == [0.50, 0.55, 0.45]
+    assert agg["pass1_gain"] == agg["pass1_gain_mean"] == pytest.approx(0.10)
+    assert (agg["pass1_gain_min"], agg["pass1_gain_max"]) == (pytest.approx(0.05), pytest.approx(0.15))
+    assert agg["pass1_gain_ci95"] == pytest.approx([0.10 - 0.124207, 0.10 + 0.124207], abs=1e-5)
+    assert agg["pass1_se"] == pytest.approx(0.03)  # (0.02 + 0.04 + 0.03) / 3
+    assert agg["pass_at_2_sft"] == 0.55 and agg["pass_at_2_rl"] == pytest.approx(0.65)
+    assert [s["pass1_gain"] for s in agg["by_seed"]] == pytest.approx([0.10, 0.15, 0.05])
+    one = report.seed_aggregate(SFT, SEEDS[:1])  # one seed: the interval is the value itself
+    assert one["pass1_gain"] == pytest.approx(0.10) and one["pass1_gain_ci95"] == pytest.approx([0.10, 0.10])
+
+
+def test_ablation_summary_compares_each_variant_with_the_first():
+    def summary(rl):
+        return {**report.seed_aggregate(SFT, [{**SEEDS[i], "pass1": v} for i, v in enumerate(rl)]), "steps": 1,
+                "wall_s": 10.0}
+
+    res = report.ablation_summary({"roc": summary([0.50, 0.55, 0.45]), "plain-grpo": summary([0.40, 0.42, 0.38]),
+                                   "no-tool": summary([0.30, 0.31, 0.29])})
+    assert [r["variant"] for r in res["variants"]] == ["roc", "plain-grpo", "no-tool"]
+    assert res["variants"][0]["gain"] == 0.1 and res["variants"][0]["gain_ci95"] == [-0.0242, 0.2242]
+    plain, no_tool = res["comparisons"]
+    # plain-grpo - roc: -0.10; var/n 0.0004/3 and 0.0025/3: s2 = 0.00096667, Welch df 2.624, t 3.4566:
+    # half width 3.4566 * 0.031091 = 0.107471 -> [-0.2075, 0.0075]: includes 0
+    assert plain["baseline"] == "roc" and plain["diff"] == -0.1 and plain["ci95"] == [-0.2075, 0.0075]
+    assert plain["beyond_noise"] is False
+    # no-tool - roc: -0.20, s2 = 0.0001/3 + 0.0025/3, df 2.16: the interval stays below 0
+    assert no_tool["diff"] == -0.2 and no_tool["ci95"][1] < 0 and no_tool["beyond_noise"] is True
