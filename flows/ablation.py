@@ -1,6 +1,11 @@
 """Ablations (paper Fig. 4/8): the same preset, world and SFT model, one RL campaign per variant (GRPO-RoC, plain GRPO,
 overlong filtering, no tool); then one comparison report in MLflow: reward, pass@1, tool-error rate among positive
-trajectories and response length vs step, one line per variant (matplotlib PNGs), and a table of the figures."""
+trajectories and response length vs step, one line per variant (matplotlib PNGs), and a table of the figures.
+
+With `seeds` N > 1 every variant runs N RL seeds from the shared SFT model; the report gives each variant's mean,
+min, max and 95 % interval over its seeds, and each variant against the first (the baseline): the difference with its
+Welch interval and whether it is beyond the seeds' noise (rstar2.report.ablation_summary). Curves: the seeds' mean
+with a min-max band."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from rstar2 import ablations, config, report, runstate, tracking
 from flows.campaign import CampaignParams, campaign
@@ -21,6 +26,7 @@ class AblationParams(BaseModel):
     overrides: list[str] = []
     name: str = "ablation"  # run directories are <name>-<variant>
     sft_checkpoint: str | None = None  # share this committed SFT model (default: the first variant trains one)
+    seeds: int = Field(1, ge=1)  # RL seeds per variant
 
 
 @flow(name="ablation", flow_run_name="{params.name}")
@@ -31,22 +37,31 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     results, sft = {}, params.sft_checkpoint
     for v in params.variants:
         summary = campaign(CampaignParams(preset=params.preset, overrides=params.overrides + ablations.overrides(v),
-                                          run_name=f"{params.name}-{v}", sft_checkpoint=sft))
+                                          run_name=f"{params.name}-{v}", sft_checkpoint=sft, seeds=params.seeds))
         sft = sft or str(Path(summary["run_dir"]) / "sft")  # later variants start from the first one's SFT model
         results[v] = summary
     exp_id = tracking.setup(base_cfg.experiment, base_cfg.out_dir)
     out = runstate.run_dir(base_cfg, params.name)
     run_id = tracking.find_or_create_run(exp_id, params.name, str(out), tags={"kind": "ablation-report"})
-    curves = {v: tracking.stage_histories(exp_id, s["mlflow_run_id"], list(report.CURVES)) for v, s in results.items()}
-    for png in report.comparison_plots(curves, str(out / "plots"), f"{params.preset}: {', '.join(params.variants)}"):
+    curves = {v: [tracking.stage_histories(exp_id, seed["mlflow_run_id"], list(report.CURVES)) for seed in s["by_seed"]]
+              for v, s in results.items()}  # per variant, one set of curves per seed
+    title = f"{params.preset}: {', '.join(params.variants)}" + (f" ({params.seeds} seeds)" if params.seeds > 1 else "")
+    for png in report.comparison_plots(curves, str(out / "plots"), title):
         tracking.client().log_artifact(run_id, png, "plots")
-    rows = [{"variant": v, "pass1_sft": round(s["pass1_sft"], 4), "pass1_rl": round(s["pass1_rl"], 4),
-             "gain": round(s["pass1_gain"], 4), "steps": s["steps"], "wall_s": round(s["wall_s"])}
-            for v, s in results.items()]
-    per_step = report.per_step_rows(curves)
-    tracking.client().log_dict(run_id, {"summary": rows, "per_step": per_step}, "ablation.json")
+    figures = report.ablation_summary(results)
+    per_step = report.per_step_rows({v: report.mean_curves(runs) for v, runs in curves.items()})
+    tracking.client().log_dict(run_id, {**figures, "per_step": per_step}, "ablation.json")
     tracking.log_params(run_id, {"variants": ",".join(params.variants), "preset": params.preset})
-    create_table_artifact(rows, key=f"{params.name}-summary".lower(), description="held-out pass@1 per variant")
+    tracking.client().set_tag(run_id, "seeds", str(params.seeds))  # a tag: a re-run may add seeds
+    tracking.log_metrics(run_id, {f"{r['variant']}_{k}": r[k] for r in figures["variants"]
+                                  for k in ("pass1_rl", "pass1_rl_min", "pass1_rl_max", "gain")}, 0)
+    tracking.log_metrics(run_id, {f"{c['variant']}_minus_{c['baseline']}": c["diff"] for c in figures["comparisons"]}, 0)
+    create_table_artifact(figures["variants"], key=f"{params.name}-summary".lower(),
+                          description="held-out pass@1 per variant (mean, min, max, 95 % interval over seeds)")
+    if figures["comparisons"]:
+        create_table_artifact(figures["comparisons"], key=f"{params.name}-vs-baseline".lower(),
+                              description="each variant minus the first: Welch 95 % interval over seeds")
     create_markdown_artifact(report.per_step_markdown(per_step), key=f"{params.name}-per-step".lower())
     tracking.end(run_id)
-    return {"variants": rows, "per_step": per_step, "mlflow_run_id": run_id, "plots": str(out / "plots")}
+    return {**figures, "seeds": params.seeds, "per_step": per_step, "mlflow_run_id": run_id,
+            "plots": str(out / "plots")}

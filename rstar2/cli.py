@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rstar2 import bench_trainer, env
@@ -29,28 +30,49 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
              set_: list[str] = typer.Option([], "--set", help="override, e.g. --set stages.0.steps=5"),
              run_name: Optional[str] = typer.Option(None, help="run directory name (default: the preset's name)"),
              sft_checkpoint: Optional[str] = typer.Option(None, help="start RL from this committed SFT model"),
+             seeds: int = typer.Option(1, min=1, help="RL seeds from the one SFT model (rl_seed, rl_seed+1, ...): "
+                                                      "the gain's mean, min, max and 95 % interval over them"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the summary figures here")):
     """Run a campaign end to end: world -> SFT -> RL stages -> evaluation (a Prefect flow, tracked in MLflow).
     Run it again with the same arguments to resume a killed or failed run from its last committed checkpoint."""
     env.apply()
-    from rstar2 import config
-
     _check_preset(preset, set_)
     from flows.campaign import CampaignParams, campaign as campaign_flow
 
     summary = campaign_flow(CampaignParams(preset=preset, overrides=set_, run_name=run_name,
-                                           sft_checkpoint=sft_checkpoint))
-    table = Table(title=f"rstar2 campaign '{preset}': held-out pass@1 ({summary['eval_samples']} samples x "
-                        f"{summary['eval_problems']} problems)")
-    for col in ("checkpoint", "pass@1"):
-        table.add_column(col)
-    table.add_row("SFT", f"{summary['pass1_sft']:.3f}")
-    table.add_row(f"after RL ({summary['steps']} steps)", f"{summary['pass1_rl']:.3f}")
-    table.add_row("gain", f"{summary['pass1_gain']:+.3f}")
-    console.print(table)
-    console.print("stages: " + ", ".join(f"{k} (ended: {v})" for k, v in summary["stages"].items()))
+                                           sft_checkpoint=sft_checkpoint, seeds=seeds))
+    console.print(campaign_table(summary, preset))
+    for s in summary["by_seed"]:
+        console.print(f"stages (rl_seed {s['rl_seed']}): " + ", ".join(f"{k} (ended: {v})"
+                                                                     for k, v in s["stages"].items()))
     console.print(f"wall time {summary['wall_s']:.0f} s; run dir {summary['run_dir']}")
     _write_json(json_path, summary)
+
+
+def campaign_table(summary: dict, preset: str) -> Table:
+    """SFT, one row per RL seed, and with several seeds their mean with min, max and 95 % interval over seeds;
+    pass@1 ± its standard error over problems, pass@k."""
+    ks = sorted(int(k.removeprefix("pass_at_").removesuffix("_sft")) for k in summary
+                if k.startswith("pass_at_") and k.endswith("_sft"))[1:]
+    n = summary["seeds"]
+    table = Table(title=f"rstar2 campaign '{preset}': held-out pass@1 ({summary['eval_samples']} samples x "
+                        f"{summary['eval_problems']} problems{f', {n} RL seeds' if n > 1 else ''}; ± standard error "
+                        f"over problems)")
+    for col in ("checkpoint", "pass@1 ± se", *(f"pass@{k}" for k in ks), "gain"):
+        table.add_column(col, justify="left" if col == "checkpoint" else "right")
+    table.add_row("SFT", _pm(summary, "pass1_sft", "pass1_sft_se"),
+                  *(f"{summary[f'pass_at_{k}_sft']:.3f}" for k in ks), "")
+    for s in summary["by_seed"]:
+        table.add_row(f"after RL, rl_seed {s['rl_seed']} ({s['steps']} steps)", _pm(s),
+                      *(f"{s.get(f'pass_at_{k}', float('nan')):.3f}" for k in ks), f"{s['pass1_gain']:+.3f}")
+    if n > 1:
+        lo, hi = summary["pass1_gain_ci95"]
+        table.add_row(escape(f"mean of {n} seeds [min, max] (gain's 95 % interval)"),
+                      f"{summary['pass1_rl']:.3f} [{summary['pass1_rl_min']:.3f}, {summary['pass1_rl_max']:.3f}]",
+                      *(f"{summary.get(f'pass_at_{k}_rl', float('nan')):.3f}" for k in ks),
+                      f"{summary['pass1_gain']:+.3f} [{summary['pass1_gain_min']:+.3f}, {summary['pass1_gain_max']:+.3f}]"
+                      f" ({lo:+.3f}, {hi:+.3f})", style="bold")
+    return table
 
 
 def _ks(res: dict) -> list[int]:
@@ -82,6 +104,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
              set_: list[str] = typer.Option([], "--set", help="override applied to every variant"),
              name: str = typer.Option("ablation", help="run directories are <name>-<variant>"),
              sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),
+             seeds: int = typer.Option(1, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
+                                                      "whether it differs from the first beyond that noise"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
@@ -97,14 +121,9 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
     from flows.ablation import AblationParams, ablation as ablation_flow
 
     res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
-                                       sft_checkpoint=sft_checkpoint))
-    table = Table(title=f"rstar2 ablation '{name}' on '{preset}': held-out pass@1")
-    for col in ("variant", "SFT", "after RL", "gain", "steps", "wall s"):
-        table.add_column(col)
-    for r in res["variants"]:
-        table.add_row(r["variant"], f"{r['pass1_sft']:.3f}", f"{r['pass1_rl']:.3f}", f"{r['gain']:+.3f}",
-                      str(r["steps"]), str(r["wall_s"]))
-    console.print(table)
+                                       sft_checkpoint=sft_checkpoint, seeds=seeds))
+    for t in ablation_tables(res, name, preset):
+        console.print(t)
     steps = Table(title="per step (train batch): reward, pass@1, tool-error rate among positives, response length")
     cols = ["variant", "step", "reward_mean", "pass1_train", "tool_error_rate_pos", "response_len_mean"]
     for col in cols:
@@ -114,6 +133,34 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
     console.print(steps)
     console.print(f"plots: {res['plots']} (also in MLflow, run {res['mlflow_run_id']})")
     _write_json(json_path, res)
+
+
+def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
+    """Per variant: held-out pass@1 after RL and the gain, mean [min, max] (95 % interval) over its seeds; then each
+    variant minus the first with its Welch interval and whether it is beyond the seeds' noise."""
+    iv = lambda ci, f="+.3f": "-" if ci is None else f"({ci[0]:{f}}, {ci[1]:{f}})"  # noqa: E731
+    table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {res['seeds']} RL seed(s) "
+                               f"per variant: mean [min, max] (95 % interval over seeds)"))
+    for col in ("variant", "SFT", "after RL", "gain", "± se (eval)", "steps", "wall s"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for r in res["variants"]:
+        one = r["seeds"] == 1
+        table.add_row(r["variant"], f"{r['pass1_sft']:.3f}",
+                      f"{r['pass1_rl']:.3f}" + ("" if one else f" [{r['pass1_rl_min']:.3f}, {r['pass1_rl_max']:.3f}] "
+                                                              f"{iv(r['pass1_rl_ci95'], '.3f')}"),
+                      f"{r['gain']:+.3f}" + ("" if one else f" [{r['gain_min']:+.3f}, {r['gain_max']:+.3f}] "
+                                                            f"{iv(r['gain_ci95'])}"),
+                      f"{r['pass1_se']:.3f}", str(r["steps"]), str(r["wall_s"]))
+    tables = [table]
+    if res["comparisons"]:
+        vs = Table(title="each variant minus the first (Welch 95 % interval over seeds; beyond noise: it excludes 0)")
+        for col in ("variant", "baseline", "difference", "95 % interval", "beyond noise"):
+            vs.add_column(col, justify="left" if col in ("variant", "baseline") else "right")
+        for c in res["comparisons"]:
+            vs.add_row(c["variant"], c["baseline"], f"{c['diff']:+.3f}", iv(c["ci95"]) if c["ci95"] else
+                       "- (needs 2+ seeds)", "yes" if c["beyond_noise"] else "no")
+        tables.append(vs)
+    return tables
 
 
 @app.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 
@@ -73,6 +74,19 @@ def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -
     for name in engine_names + ([trainer_name] if trainer_name else []):
         ray.get(get(name).__ray_ready__.remote())
     return engine_names, trainer_name
+
+
+def restart_trainer(run_id: str, cfg: RunCfg, model_dir: str, timeout_s: float = 60.0) -> str:
+    """A fresh trainer under the run's trainer name: weights from `model_dir`, seed cfg.rl_seed, a new optimizer and
+    LR schedule; the engines are kept (the seed axis: every seed's RL starts from the SFT model). Returns its name."""
+    _, name = actor_names(run_id, cfg.engine.num_engines)
+    stop([name])
+    deadline = time.monotonic() + timeout_s
+    while _alive(name):  # Ray releases a killed actor's name asynchronously
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it was killed")
+        time.sleep(0.2)
+    return start(run_id, cfg, model_dir)[1]
 
 
 def _alive(name: str) -> bool:

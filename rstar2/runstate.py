@@ -16,6 +16,13 @@ def run_dir(cfg: RunCfg, run_name: str | None) -> Path:
     return Path(cfg.out_dir).resolve() / (run_name or cfg.name)
 
 
+def seed_dir(run: Path, rl_seed: int, seeds: int) -> Path:
+    """Where one RL seed of a campaign keeps its stages, checkpoints and final evaluation: the run directory itself
+    for a single seed (today's layout), else `seed-<rl_seed>/` inside it (world, SFT model and SFT evaluation stay
+    shared at the top)."""
+    return run if seeds == 1 else run / f"seed-{rl_seed}"
+
+
 def stage_ckpts(run: Path, stage: StageCfg) -> Path:
     return run / "checkpoints" / stage.name
 

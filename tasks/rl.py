@@ -38,6 +38,12 @@ def restore_trainer(actors: dict, ckpt_dir: str) -> str:
     return ckpt_dir
 
 
+@task(name="restart-trainer", cache_policy=None)
+def restart_trainer(run_id: str, cfg: RunCfg, model_dir: str) -> str:
+    """The next RL seed: a new trainer from `model_dir` with seed cfg.rl_seed and a fresh optimizer (engines kept)."""
+    return cluster.restart_trainer(run_id, cfg, model_dir)
+
+
 def stop_actors(actors: dict) -> None:
     cluster.stop(actors.get("engines", []) + ([actors["trainer"]] if actors.get("trainer") else []))
 

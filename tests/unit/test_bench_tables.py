@@ -42,3 +42,24 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
     assert "kv_aware_ratio" not in kv
     assert rr["kv_aware_ratio"] == 1.1 and rr["kv_aware_ratio_min"] == 0.8 and rr["kv_aware_ratio_max"] == 1.2
     assert rr["kv_aware_faster_rounds"] == 1
+
+
+def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
+    from rstar2 import report
+    from rstar2.cli import ablation_tables, campaign_table
+
+    sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
+    seeds = [{"rl_seed": i, "steps": 2, "pass1": v, "pass1_se": 0.02, "pass_at_1": v, "pass_at_2": v + 0.1}
+             for i, v in enumerate([0.50, 0.55, 0.45])]
+    summary = {**report.seed_aggregate(sft, seeds), "eval_samples": 2, "eval_problems": 6, "steps": 2,
+               "wall_s": 10.0}
+    console = Console(width=200, record=True)
+    console.print(campaign_table(summary, "tiny"))
+    text = console.export_text()
+    assert "0.400 ± 0.030" in text and "0.650" in text  # SFT's pass@1 ± se; seed 0's pass@2
+    assert "0.500 [0.450, 0.550]" in text and "+0.100 [+0.050, +0.150] (-0.024, +0.224)" in text
+    res = {**report.ablation_summary({"roc": summary, "plain-grpo": summary}), "seeds": 3}
+    for t in ablation_tables(res, "abl", "tiny"):
+        console.print(t)
+    text = console.export_text()
+    assert "plain-grpo" in text and "+0.000" in text and "no" in text
