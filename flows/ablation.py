@@ -56,10 +56,12 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     tracking.log_metrics(run_id, {f"{r['variant']}_{k}": r[k] for r in figures["variants"]
                                   for k in ("pass1_rl", "pass1_rl_min", "pass1_rl_max", "gain")}, 0)
     tracking.log_metrics(run_id, {f"{c['variant']}_minus_{c['baseline']}": c["diff"] for c in figures["comparisons"]}, 0)
-    create_table_artifact(figures["variants"], key=f"{params.name}-summary".lower(),
+    cells = lambda rows: [{k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}  # noqa: E731
+                          for r in rows]  # an interval as one cell
+    create_table_artifact(cells(figures["variants"]), key=f"{params.name}-summary".lower(),
                           description="held-out pass@1 per variant (mean, min, max, 95 % interval over seeds)")
     if figures["comparisons"]:
-        create_table_artifact(figures["comparisons"], key=f"{params.name}-vs-baseline".lower(),
+        create_table_artifact(cells(figures["comparisons"]), key=f"{params.name}-vs-baseline".lower(),
                               description="each variant minus the first: Welch 95 % interval over seeds")
     create_markdown_artifact(report.per_step_markdown(per_step), key=f"{params.name}-per-step".lower())
     tracking.end(run_id)

@@ -1,7 +1,7 @@
 """The campaign: world -> SFT -> evaluate SFT -> for each RL stage: transition (mining, optimizer reset) -> stage ->
 final evaluation; tracked in MLflow (campaign run -> stage child runs -> per-step metrics, a LoggedModel per checkpoint).
 
-With `seeds` N > 1 the RL part runs N times from the one world, SFT model and SFT evaluation (rl_seed = rl_seed,
+With `seeds` N > 1 the RL part runs N times from the one world, SFT model and SFT evaluation (the config's rl_seed,
 rl_seed+1, ...: rollout sampling, data order, RoC draws, the trainer's seed), each with its own fresh trainer, stages
 and final evaluation on the same split, in `seed-<rl_seed>/` of the run directory; MLflow: campaign run -> one seed
 run per seed (tag rl_seed) -> its stage runs. The summary gives the mean over seeds, each seed's figures, and the
@@ -9,8 +9,8 @@ gain's min, max and 95 % interval over seeds (rstar2.report.seed_aggregate).
 
 Retrying a failed or killed campaign run (Prefect UI: Retry, or the same command again) resumes from what was
 committed: the world, the SFT model, finished evaluations, finished stages, and inside a stage its last checkpoint,
-whose trainer state (optimizer, LR schedule, RNG, step) is restored; the data order is a function of the seed and the
-step, so no step is lost or done twice.
+whose trainer state (optimizer, LR schedule, RNG, step) is restored; the data order is a function of rl_seed and the
+step, so no step is lost or done twice; with several seeds, a finished seed is not redone.
 """
 
 from __future__ import annotations

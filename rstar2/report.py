@@ -65,6 +65,7 @@ def comparison_plots(histories: dict[str, Curves | list[Curves]], out_dir: str, 
                 continue
             line, = ax.plot(steps, mean, marker=".", label=f"{name}: mean of {len(runs)} seeds, min-max")
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.vlines(steps, lo, hi, color=line.get_color(), alpha=0.5)  # the range also shows at a lone step
         ax.set_xlabel("RL step")
         ax.set_ylabel(label)
         ax.set_title(f"{title}: {label}", fontsize=9)

@@ -1,0 +1,57 @@
+"""The ablation's report over seeds (flow `ablation` under the Prefect test harness, a real MLflow store): each
+variant's campaign is replaced by a recorded one (per-seed pass@1 and a per-step curve per seed), so the test checks
+how the report composes the seeds in seconds; the seed axis itself runs for real in test_seeds.py."""
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from rstar2 import config, report, tracking
+
+SFT = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
+RECORDED = {"roc": [0.50, 0.55, 0.45], "plain-grpo": [0.30, 0.31, 0.29]}  # pass@1 after RL, rl_seed 0, 1, 2
+
+
+def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path, monkeypatch):
+    from flows import ablation as flow
+
+    out = tmp_path / "runs"
+    calls = []
+
+    def recorded_campaign(params):
+        cfg = config.load(params.preset, params.overrides)
+        exp = tracking.setup(cfg.experiment, cfg.out_dir)
+        parent = tracking.create_run(exp, params.run_name, tags={"kind": "campaign", "ablation": cfg.ablation})
+        by_seed = []
+        for s, v in enumerate(RECORDED[cfg.ablation]):
+            seed_run = tracking.create_run(exp, f"seed-{s}", parent, {"kind": "seed", "rl_seed": str(s)})
+            stage_run = tracking.create_run(exp, "stage-stage1", seed_run)
+            tracking.log_metrics(stage_run, {"reward_mean": v / 2}, 1)
+            by_seed.append({"rl_seed": s, "mlflow_run_id": seed_run, "steps": 1, "pass1": v, "pass1_se": 0.02,
+                            "pass_at_1": v, "pass_at_2": v + 0.1})
+        calls.append(params)
+        return {**report.seed_aggregate(SFT, by_seed), "run_dir": str(out / params.run_name), "steps": 1,
+                "wall_s": 5.0}
+
+    monkeypatch.setattr(flow, "campaign", recorded_campaign)
+    res = flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=[f"out_dir={out}"],
+                                            name="abl", seeds=3))
+    assert [p.seeds for p in calls] == [3, 3] and calls[1].sft_checkpoint == str(out / "abl-roc" / "sft")
+    roc, plain = res["variants"]
+    assert (roc["pass1_rl"], roc["pass1_rl_min"], roc["pass1_rl_max"], roc["gain"]) == (0.5, 0.45, 0.55, 0.1)
+    # plain-grpo - roc = -0.20; Welch: s2 = 0.0001/3 + 0.0025/3, df 2.16, the interval stays below 0
+    (vs,) = res["comparisons"]
+    assert (vs["variant"], vs["baseline"], vs["diff"], vs["beyond_noise"]) == ("plain-grpo", "roc", -0.2, True)
+    assert vs["ci95"][1] < 0 and vs["seeds"] == [3, 3]
+    # the per-step rows are the seeds' means: reward 0.25 (roc), 0.15 (plain-grpo) at step 1
+    assert {(r["variant"], r["step"], r["reward_mean"]) for r in res["per_step"]} == {("roc", 1, 0.25),
+                                                                                     ("plain-grpo", 1, 0.15)}
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.get_run(res["mlflow_run_id"])
+    assert run.data.tags["seeds"] == "3" and run.data.metrics["plain-grpo_minus_roc"] == pytest.approx(-0.2)
+    assert run.data.metrics["roc_pass1_rl_min"] == pytest.approx(0.45)
+    logged = json.loads(Path(client.download_artifacts(run.info.run_id, "ablation.json")).read_text())
+    assert logged["comparisons"] == res["comparisons"] and logged["variants"] == res["variants"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} >= {"plots/reward_mean.png"}
