@@ -61,3 +61,12 @@ def collapse_alert(history: list[dict], window: int = 3, factor: float = 2.0,
         if now + _EPS >= factor * b and now - b + _EPS >= floor:
             fired.append(f"{key} {b:.2f} -> {now:.2f}")
     return fired or None
+
+
+def first_collapse(history: list[dict], **kw) -> tuple[int, list[str]] | None:
+    """(index into `history`, what fired) of the first step whose alert fired, each step judged on the history up to
+    it; None if none did. `kw`: collapse_alert's window/factor/floor."""
+    for i in range(len(history)):
+        if fired := collapse_alert(history[:i + 1], **kw):
+            return i, fired
+    return None

@@ -1,5 +1,6 @@
 """Human-readable reports: sampled trajectories as markdown (Prefect UI artifact) and the ablation / stage comparison
-plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length vs step."""
+plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length and the
+entropy at sampled tokens vs step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import polars as pl
 
 CURVES = {"reward_mean": "reward (mean)", "pass1_train": "pass@1 (train batch)",
-          "tool_error_rate_pos": "tool-error rate among positive trajectories", "response_len_mean": "response length (tokens)"}
+          "tool_error_rate_pos": "tool-error rate among positive trajectories",
+          "response_len_mean": "response length (tokens)", "entropy": "entropy at sampled tokens (nats)"}
 
 
 def _clip(text: str, n: int) -> str:

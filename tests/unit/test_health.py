@@ -2,7 +2,7 @@
 
 import pytest
 
-from rstar2.health import collapse_alert, health_line
+from rstar2.health import collapse_alert, first_collapse, health_line
 
 # A collapse like a recorded run's: reward peaks at 0.43 at step 4, then format violations climb 0.12 -> 0.51 and
 # tool errors 0.09 -> 0.69 by step 10.
@@ -52,7 +52,7 @@ def test_collapse_fires_first_at_step_8_on_tool_errors_then_on_format():
     got = alerts(COLLAPSE)
     # step 7: tool errors 0.17 < 2 x min(0.09, 0.11, 0.15); format 0.21 < 2 x 0.12. Step 8: tool errors
     # 0.26 >= 2 x min(0.11, 0.15, 0.17) = 0.22; format 0.25 < 2 x 0.13. Step 9: format 0.36 >= 2 x 0.16 too.
-    assert min(got) == 8
+    assert min(got) == 8 and first_collapse(rows(COLLAPSE)) == (7, ["tool_error_rate 0.11 -> 0.26"])  # row 7: step 8
     assert got[8] == ["tool_error_rate 0.11 -> 0.26"]
     assert got[9] == ["format_violation_rate 0.16 -> 0.36", "tool_error_rate 0.15 -> 0.40"]
     assert got[10] == ["format_violation_rate 0.21 -> 0.51", "tool_error_rate 0.17 -> 0.69"]
@@ -62,7 +62,7 @@ def test_collapse_fires_first_at_step_8_on_tool_errors_then_on_format():
 
 
 def test_healthy_run_never_fires():
-    assert alerts(HEALTHY) == {}
+    assert alerts(HEALTHY) == {} and first_collapse(rows(HEALTHY)) is None
 
 
 def test_window_is_three_steps():
@@ -103,3 +103,32 @@ def test_health_line():
 @pytest.mark.parametrize("table", [COLLAPSE, HEALTHY])
 def test_every_step_prints_one_line(table):
     assert all("\n" not in health_line(r, r["step"]) for r in rows(table))
+
+
+def test_health_check_task_prints_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, capsys):
+    """The flow's task, run step by step on COLLAPSE (global steps 100 + stage step): one health line per step, the
+    metric collapse_alert 0/1, the tags naming the first firing; a resumed stage (history rebuilt from the committed
+    manifests, here steps 1-9, then step 10 runs) recomputes the same tags."""
+    from rstar2 import tracking
+    from tasks.rl import health_check
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    exp = tracking.setup("health", str(tmp_path))
+    run_id = tracking.create_run(exp, "stage-s1")
+    h = rows(COLLAPSE)
+    for i in range(9):
+        health_check.fn(h[:i + 1], 100, "s1", run_id)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
+    assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.11 -> 0.26",
+                        "[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
+                        "clip-lo - | entropy -",
+                        "[s1] ALERT collapse at step 109: format_violation_rate 0.16 -> 0.36; tool_error_rate 0.15 -> 0.40"]
+    tags = {"alert.collapse": "step 108: tool_error_rate 0.11 -> 0.26", "alert.collapse_step": "108"}
+    tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 8's commit, before tagging
+    assert health_check.fn(h[:10], 100, "s1", run_id) == ["format_violation_rate 0.21 -> 0.51",
+                                                         "tool_error_rate 0.17 -> 0.69"]
+    run = tracking.client().get_run(run_id)
+    assert {k: run.data.tags.get(k) for k in tags} == tags
+    assert [(m.step, m.value) for m in sorted(tracking.client().get_metric_history(run_id, "collapse_alert"),
+                                              key=lambda m: m.step)] == [(100 + s, float(s >= 8)) for s in range(1, 11)]
