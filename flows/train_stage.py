@@ -13,9 +13,10 @@ from prefect.artifacts import (create_link_artifact, create_progress_artifact, c
 from rstar2 import checkpoint, runstate, tracking, transition
 from rstar2.config import RunCfg, StageCfg
 from flows.rl_step import rl_step
+from tasks import rl
 
-TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "roc_kept",
-         "step_s")
+TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
+         "roc_kept", "step_s")
 
 
 def _key(stage: StageCfg, what: str) -> str:
@@ -56,6 +57,7 @@ def train_stage(cfg: RunCfg, stage: StageCfg, actors: dict, world: dict, run_dir
         create_table_artifact([{k: round(r[k], 4) if isinstance(r.get(k), float) else r.get(k) for k in
                                 ("step",) + TABLE} for r in rows], key=_key(stage, "metrics"),
                               description=f"stage {stage.name}: per-step metrics")
+        rl.health_check(rows, global_step0, stage.name, run_id)  # the health line; the collapse alert in MLflow
         decision = transition.decide(history(), step, stage.steps, stage.plateau)
     final = checkpoint.latest(runstate.stage_ckpts(run, stage))
     record = {"stage": stage.name, "decision": decision.to_dict(), "steps": step,

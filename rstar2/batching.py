@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rstar2.grpo import entropy_from_logits
+
 VARLEN = "rstar2_varlen"  # the attention implementation name registered for packed rows
 
 
@@ -158,16 +160,18 @@ def hidden_states(model, mb: MicroBatch) -> Tensor:
     return model.model(input_ids=mb.ids, position_ids=mb.pos, use_cache=False, **extra).last_hidden_state
 
 
-def loss_token_logprobs(model, mb: MicroBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """log π(tgt) at the loss positions only, float32 (N,); entropy (N,) of those positions if asked."""
+def loss_token_logprobs(model, mb: MicroBatch, with_entropy: bool = False,
+                        entropy_grad: bool = True) -> tuple[Tensor, Tensor | None]:
+    """log π(tgt) at the loss positions only, float32 (N,); entropy (N,) of those positions if asked, from the same
+    logits (no second forward). entropy_grad=False: a detached measurement (no graph kept for it)."""
     h = hidden_states(model, mb)                                                              # (R, T, H)
     h = h.reshape(-1, h.shape[-1]).index_select(0, mb.src)                                    # (N, H)
-    logits = model.lm_head(h)                                                                 # (N, V)
-    logp = -F.cross_entropy(logits.float(), mb.tgt, reduction="none")                         # (N,)
+    x = model.lm_head(h).float()                                                              # (N, V)
+    logp = -F.cross_entropy(x, mb.tgt, reduction="none")                                      # (N,)
     if not with_entropy:
         return logp, None
-    x = logits.float()
-    return logp, torch.logsumexp(x, -1) - (x.softmax(-1) * x).sum(-1)                         # (N,)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, entropy_from_logits(x)                                                   # (N,)
 
 
 def varlen_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling=None, dropout=0.0,

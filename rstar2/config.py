@@ -99,7 +99,7 @@ class TrainerCfg(_Cfg):
     dual_clip: float | None = None  # verl's clip_ratio_c (3.0 in the release); the paper has none
     kl_coef: float = 0.0  # > 0 keeps a frozen reference policy (the starting weights)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = 0.0  # > 0 adds an entropy bonus (and logs the entropy)
+    entropy_coef: float = 0.0  # > 0 adds an entropy bonus (the entropy itself is always logged)
     overlong_filter: bool = False  # mask truncated rollouts out of the loss (DAPO); the paper keeps them at reward 0
     old_logprobs: Literal["recompute", "engine"] = "recompute"  # π_old: the trainer's own, or the engine's sampling ones
     tis_cap: float | None = None  # truncated importance sampling min(π_old/π_engine, C) (needs engine log-probs)

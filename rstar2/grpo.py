@@ -100,6 +100,6 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3",
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-token entropy of softmax(logits) in float32: (B, T, V) -> (B, T)."""
+    """Per-token entropy H = logsumexp(z) - Σ_v softmax(z)_v z_v of softmax(logits), float32: (..., V) -> (...)."""
     x = logits.float()
     return torch.logsumexp(x, -1) - (x.softmax(-1) * x).sum(-1)

@@ -1,6 +1,7 @@
 """Human-readable reports: sampled trajectories as markdown (Prefect UI artifact), the ablation / stage comparison
-plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length vs step,
-and the figures of a campaign over RL seeds and of an ablation's variants against its baseline."""
+plots (matplotlib PNGs logged to MLflow): reward, pass@1, tool-error rate among positives, response length and the
+entropy at sampled tokens vs step, and the figures of a campaign over RL seeds and of an ablation's variants against
+its baseline."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import polars as pl
 from rstar2 import stats
 
 CURVES = {"reward_mean": "reward (mean)", "pass1_train": "pass@1 (train batch)",
-          "tool_error_rate_pos": "tool-error rate among positive trajectories", "response_len_mean": "response length (tokens)"}
+          "tool_error_rate_pos": "tool-error rate among positive trajectories",
+          "response_len_mean": "response length (tokens)", "entropy": "entropy at sampled tokens (nats)"}
 
 
 def _clip(text: str, n: int) -> str:

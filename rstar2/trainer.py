@@ -188,7 +188,9 @@ class PolicyTrainer:
     def _micro_loss(self, b: "_Batch", mb, n_tok: int):
         c = self.cfg
         with dev.autocast(self.device, c.dtype):
-            logp, ent = loss_token_logprobs(self.model, mb, with_entropy=c.entropy_coef > 0)      # (N,)
+            # the entropy of the policy at its own sampled tokens is always measured (a collapse signal, issue 19),
+            # from the logits this forward already has; it carries gradient only as the optional bonus term
+            logp, ent = loss_token_logprobs(self.model, mb, True, entropy_grad=c.entropy_coef > 0)   # (N,), (N,)
         flat = b.offsets[mb.seq] + mb.tok                                                            # (N,) into b.*_flat
         adv = b.adv[mb.seq].to(self.device)                                                          # (N,)
         engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
@@ -203,9 +205,9 @@ class PolicyTrainer:
                 ref, _ = loss_token_logprobs(self.ref, mb)
             kl = grpo.kl_penalty(logp, ref, ones, c.kl_estimator, n_tok)
             loss, st["kl"] = loss + c.kl_coef * kl, kl.detach() * n_tok / logp.numel()
-        if ent is not None:
+        if c.entropy_coef:
             loss = loss - c.entropy_coef * ent.sum() / n_tok
-            st["entropy"] = ent.detach().mean()
+        st["entropy"] = ent.detach().mean()  # a micro-batch mean; _Stats weights it by the micro-batch's tokens
         return loss, st, logp.numel()
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from rstar2 import cluster, mining, report, steps, tracking
+from rstar2 import cluster, health, mining, report, steps, tracking
 from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
 from rstar2.progress import bar
 from rstar2.scheduler import LengthEstimator
@@ -112,6 +112,26 @@ def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir:
                          "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", ""))},
                payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
     return path
+
+
+@task(name="health-check", cache_policy=None)
+def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id: str) -> list[str] | None:
+    """The stage's last step in one line on the terminal, and the collapse alert (rstar2/health.py) over the stage's
+    history (`rows`: per-step metrics, oldest first, rebuilt from the committed checkpoints on a resumed run).
+    MLflow: metric collapse_alert 0/1 each step; tags alert.collapse / alert.collapse_step name the first step that
+    fired, recomputed from the whole history each time, so a resumed run sets the same ones."""
+    step = global_step0 + rows[-1]["step"]
+    fired = health.collapse_alert(rows)
+    print(f"[{stage}] {health.health_line(rows[-1], step)}", flush=True)
+    if fired:
+        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
+    tracking.log_metrics(mlflow_run_id, {"collapse_alert": float(fired is not None)}, step)
+    if first := health.first_collapse(rows):
+        i, what = first
+        first_step = global_step0 + rows[i]["step"]
+        tracking.client().set_tag(mlflow_run_id, "alert.collapse", f"step {first_step}: {'; '.join(what)}")
+        tracking.client().set_tag(mlflow_run_id, "alert.collapse_step", str(first_step))
+    return fired
 
 
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)

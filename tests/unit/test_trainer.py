@@ -189,6 +189,23 @@ def test_mini_batches_kl_entropy(tiny_model, tmp_path):
     assert math.isfinite(m2["loss"]) and math.log(600) > m2["entropy"] > 0
 
 
+def test_entropy_is_measured_without_the_bonus(tiny_model, tmp_path):
+    """entropy_coef = 0: the update still reports the entropy of the policy at its sampled (loss) tokens, the
+    token-weighted mean over micro-batches, equal to the literal full-logits entropy under the pre-update weights."""
+    uri = batch(tmp_path / "b.parquet", REWARDS)
+    tr = PolicyTrainer(tiny_model, config.TrainerCfg(lr=1e-3, warmup_steps=1, micro_batch_tokens=64), seed=0)
+    ents = []
+    with torch.no_grad():
+        for p, r, m in pl.read_parquet(uri).select("prompt_ids", "response_ids", "loss_mask").rows():
+            ent = grpo.entropy_from_logits(tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1])  # (L-1,)
+            mask = [0] * len(p) + list(m)
+            ents += [float(ent[t - 1]) for t in range(1, len(mask)) if mask[t]]
+    m = tr.update(uri)
+    assert {"grad_norm", "clip_frac_high", "clip_frac_low", "entropy"} <= m.keys()
+    assert m["entropy"] == pytest.approx(sum(ents) / len(ents), abs=1e-5)
+    assert 0 < m["entropy"] < math.log(600)
+
+
 def test_reset_optimizer_restarts_warmup(tiny_model, tmp_path):
     tr = PolicyTrainer(tiny_model, config.TrainerCfg(lr=1e-3, warmup_steps=4), seed=0)
     uri = batch(tmp_path / "b.parquet", REWARDS)

@@ -1,0 +1,134 @@
+"""The per-step health line and the collapse alert (rstar2/health.py) on recorded-style metric trajectories."""
+
+import pytest
+
+from rstar2.health import collapse_alert, first_collapse, health_line
+
+# A collapse like a recorded run's: reward peaks at 0.43 at step 4, then format violations climb 0.12 -> 0.51 and
+# tool errors 0.09 -> 0.69 by step 10.
+#   step  reward  format_violation_rate  tool_error_rate
+COLLAPSE = [
+    (1, 0.30, 0.20, 0.15),
+    (2, 0.35, 0.16, 0.12),
+    (3, 0.40, 0.13, 0.10),
+    (4, 0.43, 0.12, 0.09),
+    (5, 0.41, 0.13, 0.11),
+    (6, 0.37, 0.16, 0.15),
+    (7, 0.31, 0.21, 0.17),
+    (8, 0.26, 0.25, 0.26),
+    (9, 0.20, 0.36, 0.40),
+    (10, 0.14, 0.51, 0.69),
+    (11, 0.11, 0.55, 0.72),
+    (12, 0.09, 0.58, 0.74),
+]
+# A run that improves: rates fall with noise (tool errors blip 0.04 -> 0.07 at step 9: ×1.75, not ×2).
+HEALTHY = [
+    (1, 0.10, 0.40, 0.30),
+    (2, 0.14, 0.33, 0.26),
+    (3, 0.19, 0.30, 0.22),
+    (4, 0.22, 0.24, 0.18),
+    (5, 0.27, 0.21, 0.12),
+    (6, 0.31, 0.17, 0.10),
+    (7, 0.36, 0.15, 0.06),
+    (8, 0.40, 0.12, 0.04),
+    (9, 0.43, 0.13, 0.07),
+    (10, 0.47, 0.10, 0.05),
+    (11, 0.52, 0.09, 0.05),
+    (12, 0.55, 0.08, 0.04),
+]
+
+
+def rows(table):
+    return [{"step": s, "reward_mean": r, "format_violation_rate": f, "tool_error_rate": e} for s, r, f, e in table]
+
+
+def alerts(table, **kw):
+    """{step: what fired} over a run, the alert evaluated after each step on the history so far."""
+    h = rows(table)
+    return {h[i]["step"]: a for i in range(len(h)) if (a := collapse_alert(h[:i + 1], **kw))}
+
+
+def test_collapse_fires_first_at_step_8_on_tool_errors_then_on_format():
+    got = alerts(COLLAPSE)
+    # step 7: tool errors 0.17 < 2 x min(0.09, 0.11, 0.15); format 0.21 < 2 x 0.12. Step 8: tool errors
+    # 0.26 >= 2 x min(0.11, 0.15, 0.17) = 0.22; format 0.25 < 2 x 0.13. Step 9: format 0.36 >= 2 x 0.16 too.
+    assert min(got) == 8 and first_collapse(rows(COLLAPSE)) == (7, ["tool_error_rate 0.11 -> 0.26"])  # row 7: step 8
+    assert got[8] == ["tool_error_rate 0.11 -> 0.26"]
+    assert got[9] == ["format_violation_rate 0.16 -> 0.36", "tool_error_rate 0.15 -> 0.40"]
+    assert got[10] == ["format_violation_rate 0.21 -> 0.51", "tool_error_rate 0.17 -> 0.69"]
+    # by step 12 the rates have plateaued high: the window now holds the already-collapsed values
+    assert sorted(got) == [8, 9, 10, 11]
+    assert got[11] == ["format_violation_rate 0.25 -> 0.55", "tool_error_rate 0.26 -> 0.72"]
+
+
+def test_healthy_run_never_fires():
+    assert alerts(HEALTHY) == {} and first_collapse(rows(HEALTHY)) is None
+
+
+def test_window_is_three_steps():
+    # 0.10 -> 0.20 spread over four steps: the window's minimum is 0.13 by then, so no alert; window=4 sees 0.10
+    table = [(1, 0, 0.10, 0.0), (2, 0, 0.13, 0.0), (3, 0, 0.15, 0.0), (4, 0, 0.17, 0.0), (5, 0, 0.20, 0.0)]
+    assert alerts(table) == {}
+    assert alerts(table, window=4) == {5: ["format_violation_rate 0.10 -> 0.20"]}
+
+
+def test_floor_keeps_small_rates_quiet():
+    h = [{"tool_error_rate": v} for v in (0.01, 0.01, 0.01, 0.02)]        # x2, but +0.01
+    assert collapse_alert(h) is None
+    h[-1]["tool_error_rate"] = 0.05                                        # x5, +0.04 < 0.05
+    assert collapse_alert(h) is None
+    h[-1]["tool_error_rate"] = 0.06                                        # x6, +0.05: at the floor
+    assert collapse_alert(h) == ["tool_error_rate 0.01 -> 0.06"]
+    assert collapse_alert([{"format_violation_rate": 0.0}, {"format_violation_rate": 0.05}]) == \
+        ["format_violation_rate 0.00 -> 0.05"]                             # from zero: the floor alone decides
+    assert collapse_alert(h, floor=0.1) is None
+
+
+def test_missing_metrics_never_fire():
+    assert collapse_alert([]) is None
+    assert collapse_alert([{"tool_error_rate": 0.5}]) is None              # nothing before it
+    assert collapse_alert([{"reward_mean": 0.4}, {"tool_error_rate": 0.5}]) is None
+    assert collapse_alert([{"tool_error_rate": 0.1}, {"reward_mean": 0.4}]) is None
+
+
+def test_health_line():
+    m = {"reward_mean": 0.3125, "format_violation_rate": 0.25, "tool_error_rate": 0.4219, "response_len_mean": 811.6,
+         "grad_norm": 0.8412, "clip_frac_high": 0.0123, "clip_frac_low": 0.0031, "entropy": 1.2345, "lr": 5e-4}
+    assert health_line(m, 7) == ("step 7 | reward 0.312 | fmt-viol 0.250 | tool-err 0.422 | len 812 | grad 0.841 | "
+                                 "clip-hi 0.012 | clip-lo 0.003 | entropy 1.234")
+    assert health_line({"reward_mean": 0.5, "entropy": float("nan")}, 1) == (
+        "step 1 | reward 0.500 | fmt-viol - | tool-err - | len - | grad - | clip-hi - | clip-lo - | entropy -")
+
+
+@pytest.mark.parametrize("table", [COLLAPSE, HEALTHY])
+def test_every_step_prints_one_line(table):
+    assert all("\n" not in health_line(r, r["step"]) for r in rows(table))
+
+
+def test_health_check_task_prints_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, capsys):
+    """The flow's task, run step by step on COLLAPSE (global steps 100 + stage step): one health line per step, the
+    metric collapse_alert 0/1, the tags naming the first firing; a resumed stage (history rebuilt from the committed
+    manifests, here steps 1-9, then step 10 runs) recomputes the same tags."""
+    from rstar2 import tracking
+    from tasks.rl import health_check
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    exp = tracking.setup("health", str(tmp_path))
+    run_id = tracking.create_run(exp, "stage-s1")
+    h = rows(COLLAPSE)
+    for i in range(9):
+        health_check.fn(h[:i + 1], 100, "s1", run_id)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
+    assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.11 -> 0.26",
+                        "[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
+                        "clip-lo - | entropy -",
+                        "[s1] ALERT collapse at step 109: format_violation_rate 0.16 -> 0.36; tool_error_rate 0.15 -> 0.40"]
+    tags = {"alert.collapse": "step 108: tool_error_rate 0.11 -> 0.26", "alert.collapse_step": "108"}
+    tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 8's commit, before tagging
+    assert health_check.fn(h[:10], 100, "s1", run_id) == ["format_violation_rate 0.21 -> 0.51",
+                                                         "tool_error_rate 0.17 -> 0.69"]
+    run = tracking.client().get_run(run_id)
+    assert {k: run.data.tags.get(k) for k in tags} == tags
+    assert [(m.step, m.value) for m in sorted(tracking.client().get_metric_history(run_id, "collapse_alert"),
+                                              key=lambda m: m.step)] == [(100 + s, float(s >= 8)) for s in range(1, 11)]
