@@ -91,7 +91,9 @@ class RoCCfg(_Cfg):
 class TrainerCfg(_Cfg):
     """GRPO-RoC update (rstar2/trainer.py). Paper values: lr 1e-6, 20 warm-up steps, clip 0.2/0.28, no KL/entropy."""
     lr: float = 1e-6
-    warmup_steps: int = 20  # linear warm-up, then constant
+    warmup_steps: int = 20  # linear warm-up, then constant ...
+    decay_steps: int = Field(0, ge=0)  # ... or a cosine down to min_lr_frac over this many optimizer steps (0: off)
+    min_lr_frac: float = Field(0.1, ge=0.0, le=1.0)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     eps_low: float = 0.2

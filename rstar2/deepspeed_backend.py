@@ -51,7 +51,7 @@ def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
 class DeepSpeedBackend:
     def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, world: int,
                  master: tuple[str, int] | None):
-        from rstar2.trainer import _adamw, warmup_lambda
+        from rstar2.trainer import _adamw, lr_lambda
 
         ds = import_deepspeed()
         self.ds, self.cfg, self.rank = ds, cfg, rank
@@ -59,7 +59,7 @@ class DeepSpeedBackend:
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                           LOCAL_RANK="0")  # under Ray every rank sees its own GPU as device 0
         ds.init_distributed(rank=rank, world_size=world, verbose=False)
-        self._warmup = warmup_lambda(cfg.warmup_steps)
+        self._warmup = lr_lambda(cfg)
         self.engine, self.opt, _, self.sched = ds.initialize(
             model=model, optimizer=_adamw(model.parameters(), cfg, device),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, self._warmup),

@@ -5,7 +5,8 @@ One RL step (paper §2.2.3; implementation notes §3, §12.4):
   1. advantages per prompt over the kept rollouts (Eq. 7);
   2. `mini_batches` optimizer steps (paper: 1, strictly on-policy), each accumulating gradients over micro-batches of
      at most `micro_batch_tokens` tokens (rstar2/batching.py: no compute on padding, LM head on loss tokens only);
-  3. grad-clip 1.0, AdamW with a linear warm-up then a constant lr (paper: 1e-6, 20 steps).
+  3. grad-clip 1.0, AdamW with a linear warm-up then a constant lr (paper: 1e-6, 20 steps), or a cosine decay
+     over the stage (`decay_steps`: the tiny preset, see its comment).
 
 Old log-probs. "recompute" (default, as verl): the trainer's own log-probs under the pre-update weights. With one
 optimizer step per RL step they are the log-probs of the gradient forward itself (same weights, same micro-batch), so
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -38,9 +40,19 @@ from rstar2.world.tokenizer import load as load_tokenizer
 STATE_FILE = "trainer_state.pt"
 
 
-def warmup_lambda(warmup_steps: int):
-    """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant (paper: 20 steps)."""
-    return lambda s: min(1.0, (s + 1) / max(1, warmup_steps))
+def lr_lambda(c: TrainerCfg):
+    """LR multiplier at optimizer step s: linear warm-up over `warmup_steps`, then constant (paper: 20 steps, then
+    constant) or, with `decay_steps` > 0, a cosine from 1 down to `min_lr_frac` at step `decay_steps` (and flat after):
+
+        m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * min(1, s/D))) / 2)
+    """
+    def m(s: int) -> float:
+        warm = min(1.0, (s + 1) / max(1, c.warmup_steps))
+        if c.decay_steps <= 0:
+            return warm
+        f = c.min_lr_frac
+        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / c.decay_steps))))
+    return m
 
 
 def _adamw(params, c: TrainerCfg, device: torch.device) -> torch.optim.AdamW:
@@ -57,7 +69,7 @@ class TorchBackend:
 
     def reset_optimizer(self) -> None:
         self.opt = _adamw(self.module.parameters(), self.cfg, self.device)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_lambda(self.cfg.warmup_steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg))
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

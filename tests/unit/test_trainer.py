@@ -214,6 +214,16 @@ def test_reset_optimizer_restarts_warmup(tiny_model, tmp_path):
     assert tr.update(uri)["lr"] == pytest.approx(5e-4)
 
 
+def test_lr_schedule_warmup_then_cosine_decay():
+    from rstar2.trainer import lr_lambda
+
+    m = lr_lambda(config.TrainerCfg(warmup_steps=2, decay_steps=4, min_lr_frac=0.1))
+    # s=0: warm-up 1/2 at full cosine; s=1: 0.1 + 0.9 (1 + cos(pi/4)) / 2; s=2: halfway; s>=4: the floor
+    assert [m(s) for s in (0, 1, 2, 4, 10)] == pytest.approx([0.5, 0.868198, 0.55, 0.1, 0.1], abs=1e-6)
+    const = lr_lambda(config.TrainerCfg(warmup_steps=2))  # decay_steps 0: the paper's constant lr
+    assert [const(s) for s in (0, 1, 50)] == [0.5, 1.0, 1.0]
+
+
 def test_deepspeed_missing_is_one_clear_error(tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed -> ImportError
     with pytest.raises(ImportError, match="needs the deepspeed package"):
