@@ -1,4 +1,4 @@
-"""Training health: one line per RL step for the terminal, and the collapse alert (issue 19, item 4).
+"""Training health: one line per RL step for the terminal, and the collapse alert.
 
 An agentic-RL run that collapses shows it first in how the policy uses its environment, before the reward falls:
 more malformed answers and more failing tool calls (in a recorded run the format-violation rate went 0.12 -> 0.51
