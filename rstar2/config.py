@@ -105,6 +105,9 @@ class TrainerCfg(_Cfg):
     overlong_filter: bool = False  # mask truncated rollouts out of the loss (DAPO); the paper keeps them at reward 0
     old_logprobs: Literal["recompute", "engine"] = "recompute"  # π_old: the trainer's own, or the engine's sampling ones
     tis_cap: float | None = None  # truncated importance sampling min(π_old/π_engine, C) (needs engine log-probs)
+    # how token losses become the batch loss: "token-mean" is Eq. 6 (1/Σ|o_i|: a long trajectory weighs by its
+    # length); "seq-mean-token-mean" gives every trajectory the same weight (verl's loss_agg_mode of that name)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     mini_batches: int = Field(1, ge=1)  # optimizer steps per RL step (paper: 1, strictly on-policy)
     micro_batch_tokens: int = Field(8192, ge=1)  # tokens per forward/backward (gradient accumulation over them)
     layout: Literal["bucket", "pack"] = "bucket"  # length-sorted padded micro-batches, or packed rows (varlen)

@@ -13,8 +13,8 @@ rescaled by a nominal batch size does not).
 
 Shapes: the trainer passes flat token vectors (N,) (only the loss tokens are ever computed); tests also use
 padded (B, T) grids. `advantages` is per sequence (B,) for a grid, or already per token (same shape as logp).
-Off-recipe options: `is_weight` = a truncated importance weight min(π_old/π_engine, C) per token (Yao et al.
-2025, "TIS") for rollouts sampled by an engine whose numerics differ from the trainer's; KL and entropy below.
+Off-recipe options: `is_weight` = a constant per-token weight: a truncated importance weight min(π_old/π_engine, C)
+(Yao et al. 2025, "TIS") for rollouts sampled by an engine whose numerics differ from the trainer's; KL and entropy below.
 """
 
 from __future__ import annotations

@@ -163,6 +163,7 @@ class PolicyTrainer:
         self.model.train()
         for mini in minis:
             n_tok = int(b.n_loss[mini].sum())  # Eq. 6 normaliser: every loss token of the mini-batch, all ranks
+            n_seq = int((b.n_loss[mini] > 0).sum())  # seq-mean-token-mean's: the trajectories that have loss tokens
             if n_tok == 0:
                 continue  # e.g. the overlong filter masked every rollout
             mine = [mini[j] for j in shard(b.lengths[mini].tolist(), self.world, self.rank)]
@@ -173,7 +174,7 @@ class PolicyTrainer:
                 mb = self._collate(b, idx)
                 acc.fed += mb.fed_tokens
                 acc.real += mb.real_tokens
-                loss, st, n_mb = self._micro_loss(b, mb.to(self.device), n_tok)
+                loss, st, n_mb = self._micro_loss(b, mb.to(self.device), n_tok, n_seq)
                 self.backend.backward(loss * weight)
                 acc.add(loss, st, n_mb, n_tok, weight > 0)
             acc.grad_norm = self.backend.step()
@@ -197,7 +198,7 @@ class PolicyTrainer:
         return collate(b.ids, b.mask, idx, self.tokenizer.pad_token_id, pack,
                        b.prompt_lens if pack and self.cfg.share_prompts else None)
 
-    def _micro_loss(self, b: "_Batch", mb, n_tok: int):
+    def _micro_loss(self, b: "_Batch", mb, n_tok: int, n_seq: int):
         c = self.cfg
         with dev.autocast(self.device, c.dtype):
             # the entropy of the policy at its own sampled tokens is always measured (a collapse signal, issue 19),
@@ -208,6 +209,10 @@ class PolicyTrainer:
         engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
         old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
         is_w = grpo.truncated_is_weight(old, engine, c.tis_cap) if c.tis_cap else None
+        if c.loss_agg == "seq-mean-token-mean":
+            # token weight n_tok / (n_seq · |o_i|): with the 1/n_tok of Eq. 6 the loss is mean_i mean_t loss_i,t
+            agg = (n_tok / (n_seq * b.n_loss[mb.seq].float())).to(self.device)                      # (N,)
+            is_w = agg if is_w is None else is_w * agg
         if c.old_logprobs == "engine":
             old = engine
         ones = torch.ones_like(logp)

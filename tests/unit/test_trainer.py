@@ -54,11 +54,13 @@ def params(tr):
 
 def literal_loss(model, df, cfg):
     """The slow reference: full logits for every position of every sequence (one at a time, no padding), log-softmax,
-    gather, per-token Eq. 6 loop over loss tokens only, summed over tokens and divided by the batch's token count."""
+    gather, per-token Eq. 6 loop over loss tokens only, summed over tokens and divided by the batch's token count
+    (token-mean), or averaged per sequence and then over sequences (seq-mean-token-mean)."""
     gid = torch.as_tensor(df["problem_id"].cast(pl.Categorical).to_physical().to_list())
     adv = grpo.group_advantages(torch.tensor(df["reward"].to_list()), gid)
-    terms, n_tok = [], 0
+    terms, n_tok, seq_means = [], 0, []
     for i, (p, r, m) in enumerate(df.select("prompt_ids", "response_ids", "loss_mask").rows()):
+        start = len(terms)
         ids = torch.tensor([p + r])
         logp_all = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)       # (L-1, V)
         mask = [0] * len(p) + list(m)
@@ -69,12 +71,17 @@ def literal_loss(model, df, cfg):
                 A = float(adv[i])
                 terms.append(torch.maximum(-A * ratio, -A * ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)))
                 n_tok += 1
+        seq_means.append(torch.stack(terms[start:]).mean())
+    if cfg.loss_agg == "seq-mean-token-mean":
+        return torch.stack(seq_means).mean()
     return torch.stack(terms).sum() / n_tok
 
 
-@pytest.mark.parametrize("layout", ["bucket", "pack"])
-def test_update_equals_literal_full_logits_reference(tiny_model, tmp_path, layout):
-    cfg = config.TrainerCfg(lr=1e-3, warmup_steps=1, weight_decay=0.0, layout=layout, micro_batch_tokens=64)
+@pytest.mark.parametrize("layout,agg", [("bucket", "token-mean"), ("pack", "token-mean"),
+                                        ("bucket", "seq-mean-token-mean")])
+def test_update_equals_literal_full_logits_reference(tiny_model, tmp_path, layout, agg):
+    cfg = config.TrainerCfg(lr=1e-3, warmup_steps=1, weight_decay=0.0, layout=layout, micro_batch_tokens=64,
+                            loss_agg=agg)
     tr = PolicyTrainer(tiny_model, cfg, seed=0)
     uri = batch(tmp_path / "b.parquet", REWARDS)
     ref = PolicyTrainer(tiny_model, cfg, seed=0)
