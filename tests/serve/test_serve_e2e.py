@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,16 +77,24 @@ class Serve:
 
 def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
     """SIGTERM while the campaign trains, then a second `serve` retries it to completion; SIGINT stops that one."""
-    home, runs = tmp_path / "home", tmp_path / "runs"
-    home.mkdir()
+    # a short home: Ray's AF_UNIX socket paths under it must stay below 108 bytes
+    home, runs = Path(tempfile.mkdtemp(prefix="rs2-", dir="/tmp")), tmp_path / "runs"
     params = {"params": {"preset": "tiny", "overrides": SMOKE + [f"out_dir={runs}"], "run_name": "svc"}}
     run = runs / "svc"
 
     first = Serve(home, runs)
-    with first.client() as c:
-        dep = c.read_deployment_by_name("campaign/tiny-cpu")
-        fr = c.create_flow_run_from_deployment(dep.id, parameters=params)
-    _until("the first checkpoint", lambda: list(run.glob("checkpoints/*/step-*/COMMITTED.json")), 1800, 5)
+    try:
+        with first.client() as c:
+            dep = c.read_deployment_by_name("campaign/tiny-cpu")
+            fr = c.create_flow_run_from_deployment(dep.id, parameters=params)
+
+            def first_checkpoint():
+                assert not c.read_flow_run(fr.id).state.is_final(), "the campaign ended before its first checkpoint"
+                return list(run.glob("checkpoints/*/step-*/COMMITTED.json"))
+            _until("the first checkpoint", first_checkpoint, 1800, 5)
+    except BaseException:
+        first.stop(signal.SIGTERM)  # a failed test leaves no servers behind either
+        raise
     t0 = time.monotonic()
     started = first.stop(signal.SIGTERM)
     assert time.monotonic() - t0 < BOUND_S
