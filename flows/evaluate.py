@@ -1,16 +1,23 @@
 """Evaluation (paper §5.1 protocol, sizes from config): pass@1 averaged over k samples at temperature T, with the
 length and turn limits of `eval`, on the held-out split; the result is attached to the checkpoint's MLflow LoggedModel.
 
-Inside a campaign it reuses the campaign's engines; as a deployment (`evaluate`: a cron schedule, and a trigger on the
-`rstar2.checkpoint.committed` event) it starts its own engine, and its concurrency limit of 1 keeps evaluations from
-piling up."""
+Inside a campaign it reuses the campaign's engines; as a deployment it starts its own engine. Triggered runs (the
+nightly schedule, the `rstar2.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,
+starting no engine, when it is already evaluated (so a burst of checkpoints costs one evaluation, an older checkpoint
+queued behind a newer one is never run, and a night with nothing new costs nothing), when the preset turns
+on-checkpoint evaluation off (`eval.on_checkpoint`), or while the run's campaign is still running unless the preset
+allows it (`eval.while_training`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState, \
+    FlowRunFilterStateType
+from prefect.client.schemas.objects import StateType
 from pydantic import BaseModel
 
 from rstar2 import checkpoint, config, runstate, tracking
@@ -27,6 +34,8 @@ class EvalParams(BaseModel):
     run_name: str | None = None
     checkpoint: str | None = None
     split: Literal["test", "val"] | None = None  # default: the preset's eval.split
+    run_dir: str | None = None  # the run directory itself (its config.json is the run's config); set by the trigger
+    trigger: Literal["manual", "checkpoint", "nightly"] = "manual"  # how this run was started (see the module doc)
 
 
 def result_name(model_dir: str, split: str) -> str:
@@ -47,18 +56,60 @@ def evaluate_checkpoint(cfg: RunCfg, actors: dict, world: dict, model_dir: str, 
     return result
 
 
+def campaign_running(run: Path) -> bool:
+    """Whether a campaign flow run writing into `run` is running or about to (Prefect API)."""
+    states = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+    with get_client(sync_client=True) as client:
+        found = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["campaign"])),
+                                      flow_run_filter=FlowRunFilter(state=states))
+    for fr in found:
+        p = (fr.parameters or {}).get("params") or {}
+        try:
+            other = runstate.run_dir(config.load(p.get("preset", "tiny"), p.get("overrides", [])), p.get("run_name"))
+        except Exception:  # noqa: BLE001 - a campaign with a config we cannot resolve cannot be ours to compare
+            continue
+        if other == run.resolve() or other in run.resolve().parents:
+            return True
+    return False
+
+
+def _run_cfg(params: "EvalParams") -> tuple[RunCfg, Path]:
+    """The run's own config (config.json in the run directory, or its parent's for a seed directory) when the trigger
+    names the directory, else the preset's."""
+    if params.run_dir:
+        run = Path(params.run_dir).resolve()
+        for d in (run, run.parent):
+            if (d / "config.json").is_file():
+                return config.load(str(d / "config.json"), params.overrides), run
+        raise ValueError(f"run_dir {run} has no config.json (not a campaign's run directory)")
+    cfg = config.load(params.preset, params.overrides)
+    return cfg, runstate.run_dir(cfg, params.run_name)
+
+
 @flow(name="evaluate", flow_run_name="{params.run_name}")
 def evaluate(params: EvalParams = EvalParams()) -> dict:
-    """Deployment entry: evaluate one checkpoint of a run with a fresh engine."""
-    cfg = config.load(params.preset, params.overrides)
-    run = runstate.run_dir(cfg, params.run_name)
-    model_dir = params.checkpoint or runstate.resume_point(run, cfg, str(run / "sft"))[0]
+    """Deployment entry: evaluate one checkpoint of a run with a fresh engine (triggered: the newest, once)."""
+    cfg, run = _run_cfg(params)
+    split = params.split or cfg.eval.split
+    log = get_run_logger()
+    if params.trigger == "manual":
+        model_dir = params.checkpoint or runstate.resume_point(run, cfg, str(run / "sft"))[0]
+    else:
+        if params.trigger == "checkpoint" and not cfg.eval.on_checkpoint:
+            return _skip(log, f"eval.on_checkpoint is off for {cfg.name}")
+        newest = runstate.newest_checkpoint(run, cfg)
+        if newest is None:
+            return _skip(log, f"{run} has no committed RL checkpoint yet")
+        model_dir = str(newest)
+        if runstate.evaluated(run, model_dir, split):
+            return _skip(log, f"the newest checkpoint {model_dir} is already evaluated on {split}")
+        if not cfg.eval.while_training and campaign_running(run):
+            return _skip(log, f"the campaign of {run} is still running (eval.while_training is off)")
     if not checkpoint.is_committed(Path(model_dir)):
         raise ValueError(f"{model_dir} is not a committed checkpoint; nothing to evaluate")
-    split = params.split or cfg.eval.split
-    world = build_world(cfg, str(run / "world"))
+    world = build_world(cfg, str(run / "world") if (run / "world").exists() else str(run.parent / "world"))
     exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
-    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": params.preset})
+    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": cfg.name})
     actors = rl.start_actors(f"{run.name}-eval", cfg, model_dir, with_trainer=False)
     try:
         step = checkpoint.manifest(Path(model_dir)).get("global_step", 0)
@@ -66,3 +117,8 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
                                    result_name(model_dir, split), split, step)
     finally:
         rl.stop_actors(actors)
+
+
+def _skip(log, why: str) -> dict:
+    log.info("nothing to evaluate: %s", why)
+    return {"skipped": why}

@@ -194,7 +194,11 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
     env.apply()
     from rstar2 import services
 
-    services.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
+    try:
+        services.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
+    except services.PortInUse as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
 
 
 @app.command()

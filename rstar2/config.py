@@ -193,6 +193,10 @@ class EvalCfg(_Cfg):
     every: int = 0  # also evaluate every N RL steps (0 = only at stage end)
     split: Literal["test", "val"] = "test"  # tune on "val"; report on "test"
     seed: int = 0  # sampling seed: a checkpoint's pass@1 does not depend on when or beside what it is evaluated
+    on_checkpoint: bool = True  # the `evaluate/on-checkpoint` deployment evaluates this preset's runs (their newest
+    # committed checkpoint); off where its engines would compete with training for the accelerators
+    while_training: bool = False  # ... even while the run's campaign is still running (else it waits for the next
+    # trigger or the campaign's own final evaluation)
 
 
 class RunCfg(_Cfg):
@@ -267,8 +271,9 @@ def _read(path: Path, seen: tuple = ()) -> dict:
 
 
 def load(preset: str, overrides: list[str] | None = None) -> RunCfg:
-    """Load a preset by name (or a YAML path) and apply `key.path=value` overrides (values parsed as YAML)."""
-    path = Path(preset) if preset.endswith((".yaml", ".yml")) else PRESETS / f"{preset}.yaml"
+    """Load a preset by name (or a YAML path, or a run's resolved config.json) and apply `key.path=value` overrides
+    (values parsed as YAML)."""
+    path = Path(preset) if preset.endswith((".yaml", ".yml", ".json")) else PRESETS / f"{preset}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown preset {preset!r}; available: {', '.join(list_presets())} (or a path to a .yaml)")
     tree = _read(path)

@@ -62,3 +62,21 @@ def resume_point(run: Path, cfg: RunCfg, sft_model: str, upto: int | None = None
         if last:
             return str(last), True
     return sft_model, False
+
+
+def newest_checkpoint(run: Path, cfg: RunCfg) -> Path | None:
+    """The run's newest committed RL checkpoint over all its stages, or None before the first one."""
+    found = resume_point(run, cfg, "")
+    return Path(found[0]) if found[1] else None
+
+
+def evaluated(run: Path, model_dir: str | Path, split: str) -> bool:
+    """Whether an evaluation of `model_dir` on `split` is recorded in the run (`eval/*-<split>.json`, written by
+    the evaluate task with the model it evaluated)."""
+    for f in (Path(run) / "eval").glob(f"*-{split}.json"):
+        try:
+            if json.loads(f.read_text()).get("model_dir") == str(model_dir):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,8 +17,69 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 POOL = "rstar2-local"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WORKER_GRACE_S = 30.0  # a running flow gets this long after SIGTERM to commit or be marked crashed/cancelled
+SERVER_GRACE_S = 15.0
+
+
+class PortInUse(RuntimeError):
+    """A port `serve` needs is held by another process (named in the message)."""
+
+
+class Stop(BaseException):
+    """Raised in `serve` by SIGINT/SIGTERM/SIGHUP (a BaseException, so no `except Exception` swallows it)."""
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on 127.0.0.1/0.0.0.0 `port` ("pid 123 (prefect server ...)"), or None when it is free."""
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            if c.pid is None:
+                return "a process of another user"
+            try:
+                proc = psutil.Process(c.pid)
+                return f"pid {c.pid} ({' '.join(proc.cmdline())[:120] or proc.name()})"
+            except psutil.Error:
+                return f"pid {c.pid}"
+    return None
+
+
+def check_ports(**ports: int) -> None:
+    """One clear error naming the process that holds a port `serve` needs."""
+    for what, port in ports.items():
+        holder = port_holder(port)
+        if holder:
+            raise PortInUse(f"port {port} ({what}) is already in use by {holder}; stop it or pick another "
+                               f"port (--{what.replace('_', '-')})")
+
+
+def stop_tree(procs: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM `procs` (a process and its descendants, listed before any of them dies so none is missed), wait up
+    to `grace_s`, then SIGKILL whatever is left."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(proc.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _bin(name: str) -> str:
@@ -39,19 +101,22 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
         time.sleep(1.0)
 
 
-def start_prefect(port: int, log: Path) -> subprocess.Popen:
+def start_prefect(port: int, log: Path, started: list | None = None) -> subprocess.Popen:
+    """The Prefect server, answering; `started` gets the process before the wait, so a stop meanwhile finds it."""
     proc = subprocess.Popen([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    (started if started is not None else []).append(proc)
     wait_http(f"http://127.0.0.1:{port}/api/health")
     return proc
 
 
-def start_mlflow(port: int, out_dir: Path, log: Path) -> subprocess.Popen:
+def start_mlflow(port: int, out_dir: Path, log: Path, started: list | None = None) -> subprocess.Popen:
     out_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{out_dir / 'mlflow.db'}",
                              "--default-artifact-root", (out_dir / "mlartifacts").as_uri()],
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    (started if started is not None else []).append(proc)
     wait_http(f"http://127.0.0.1:{port}/health")
     return proc
 
@@ -67,27 +132,45 @@ def register_deployments(env: dict) -> None:
 
 
 def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = True,
-          say: Callable[[str], None] = print) -> None:
+          say: Callable[[str], None] = print, worker_grace_s: float = WORKER_GRACE_S) -> None:
+    """Run the services until SIGINT/SIGTERM/SIGHUP or one of them exits; then stop the worker first (a running flow
+    gets `worker_grace_s` to finish its step or be marked crashed, and is retryable from its last checkpoint), then
+    the servers. Every process started here runs in its own session and is stopped with all its descendants."""
+    check_ports(prefect_port=prefect_port, mlflow_port=mlflow_port)
     home = Path(os.environ["RSTAR2_HOME"])
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}", "RSTAR2_ROOT": str(ROOT),
            "RSTAR2_MLFLOW_UI": f"http://127.0.0.1:{mlflow_port}"}
-    procs = [start_prefect(prefect_port, home / "prefect-server.log")]
+
+    def on_signal(signum, _frame):
+        raise Stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    servers: list[subprocess.Popen] = []
+    work: subprocess.Popen | None = None
     try:
-        procs.append(start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log"))
+        start_prefect(prefect_port, home / "prefect-server.log", servers)
+        start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log", servers)
         register_deployments(env)
         say(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={env['PREFECT_API_URL']})")
         say(f"MLflow UI   http://127.0.0.1:{mlflow_port}   (export MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']})")
         say(f"deployments of prefect.yaml registered on work pool {POOL!r}")
-        say("Ctrl-C stops everything")
+        say("Ctrl-C (or SIGTERM/SIGHUP) stops everything")
         if worker:
-            subprocess.run([_bin("prefect"), "worker", "start", "--pool", POOL, "--limit", "1"], env=env, cwd=ROOT)
-        else:
-            procs[0].wait()
-    except KeyboardInterrupt:
-        pass
+            work = subprocess.Popen([_bin("prefect"), "worker", "start", "--pool", POOL, "--limit", "1"], env=env,
+                                    cwd=ROOT, start_new_session=True)
+        while all(p.poll() is None for p in [*servers, *([work] if work else [])]):
+            time.sleep(0.5)
+        say("a service exited; stopping the others")
+    except Stop as e:
+        say(f"{e}: stopping the worker, then the servers")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        for s in STOP_SIGNALS:  # the shutdown is bounded; a second Ctrl-C must not cut it short and leak processes
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            if work is not None:
+                stop_tree(tree(work), worker_grace_s)
+            stop_tree([p for s in reversed(servers) for p in tree(s)], SERVER_GRACE_S)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)

@@ -109,7 +109,8 @@ def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir:
     emit_event("rstar2.checkpoint.committed",
                resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}.{Path(path).parent.name}."
                                                 f"{Path(path).name}", "rstar2.path": path,
-                         "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", ""))},
+                         "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
+                         "rstar2.run_dir": str(Path(path).parents[2])},  # <run>/checkpoints/<stage>/step-N
                payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
     return path
 

@@ -1,0 +1,132 @@
+"""`rstar2 serve` as a user lives with it (real Prefect and MLflow servers on free 127.0.0.1 ports, the deployments
+of prefect.yaml, a worker): a shrunk campaign run through its deployment is interrupted by SIGTERM or SIGINT to
+`serve` after its first committed checkpoint; within the bound nothing `serve` started is left and both ports are
+free. A second `serve` on the same state retries the interrupted run, which completes from its checkpoint; the
+checkpoint event fired at most one on-checkpoint evaluation for the burst, and the newest checkpoint's evaluation
+is on its MLflow LoggedModel."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from rstar2 import services
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.5", "eval.samples=2",
+         "rollout.group_size=4", "rollout.max_response_tokens=160", "eval.max_response_tokens=160",
+         "world.max_positions=512", "stages.0.steps=3", "stages.0.prompts_per_step=3",
+         "stages.0.max_response_tokens=160"]
+BOUND_S = services.WORKER_GRACE_S + services.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _until(what: str, check, timeout_s: float, every: float = 2.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+
+
+class Serve:
+    def __init__(self, home: Path, runs: Path):
+        self.pp, self.mp = _free_port(), _free_port()
+        self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
+                    "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
+                    "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
+        self.log = (home / f"serve-{self.pp}.log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "serve", "--prefect-port", str(self.pp),
+                                      "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])
+        _until("serve registers the deployments", self._deployed, 600, 5)
+
+    def _deployed(self) -> bool:
+        assert self.proc.poll() is None, f"serve exited: {self.proc.returncode}"
+        done = subprocess.run([services._bin("prefect"), "deployment", "inspect", "evaluate/on-checkpoint"],
+                              env=self.env, capture_output=True)
+        return done.returncode == 0
+
+    def client(self):
+        from prefect.client.orchestration import SyncPrefectClient
+        return SyncPrefectClient(self.env["PREFECT_API_URL"])
+
+    def stop(self, sig: signal.Signals) -> list[psutil.Process]:
+        started = psutil.Process(self.proc.pid).children(recursive=True)
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=BOUND_S)
+        return started
+
+
+def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
+    """SIGTERM while the campaign trains, then a second `serve` retries it to completion; SIGINT stops that one."""
+    # a short home: Ray's AF_UNIX socket paths under it must stay below 108 bytes
+    home, runs = Path(tempfile.mkdtemp(prefix="rs2-", dir="/tmp")), tmp_path / "runs"
+    params = {"params": {"preset": "tiny", "overrides": SMOKE + [f"out_dir={runs}"], "run_name": "svc"}}
+    run = runs / "svc"
+
+    first = Serve(home, runs)
+    try:
+        with first.client() as c:
+            dep = c.read_deployment_by_name("campaign/tiny-cpu")
+            fr = c.create_flow_run_from_deployment(dep.id, parameters=params)
+
+            def first_checkpoint():
+                assert not c.read_flow_run(fr.id).state.is_final(), "the campaign ended before its first checkpoint"
+                return list(run.glob("checkpoints/*/step-*/COMMITTED.json"))
+            _until("the first checkpoint", first_checkpoint, 1800, 5)
+    except BaseException:
+        first.stop(signal.SIGTERM)  # a failed test leaves no servers behind either
+        raise
+    t0 = time.monotonic()
+    started = first.stop(signal.SIGTERM)
+    assert time.monotonic() - t0 < BOUND_S
+    left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
+    assert services.port_holder(first.pp) is None and services.port_holder(first.mp) is None
+
+    second = Serve(home, runs)
+    try:
+        from prefect.states import Scheduled
+        with second.client() as c:
+            assert c.read_flow_run(fr.id).state.is_final()
+            c.set_flow_run_state(fr.id, Scheduled(), force=True)  # what the UI's Retry does
+            state = _until("the retried campaign", lambda: (s := c.read_flow_run(fr.id).state).is_final() and s,
+                           1800, 5)
+            assert state.is_completed(), state
+            on_ckpt = _by_name(c, "evaluate/on-checkpoint")
+            evals = _until("the triggered evaluations settle", lambda: (e := c.read_flow_runs(
+                deployment_filter=on_ckpt)) and all(r.state.is_final() for r in e) and e, 900, 5)
+        # one burst (the whole campaign) -> at most one evaluation run, in each serve's life
+        assert len(evals) <= 2, [(e.name, e.state) for e in evals]
+        newest = sorted(run.glob("checkpoints/*/step-*"))[-1]
+        client = mlflow.MlflowClient(second.env["MLFLOW_TRACKING_URI"])
+        exp = client.get_experiment_by_name("rstar2").experiment_id
+        model = client.search_logged_models([exp], f"tags.`rstar2.checkpoint` = '{newest}'")
+        assert "eval_pass1" in {m.key for m in model[0].metrics}
+    finally:
+        started = second.stop(signal.SIGINT)
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert services.port_holder(second.pp) is None and services.port_holder(second.mp) is None
+
+
+def _by_name(c, name: str):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    return DeploymentFilter(id=DeploymentFilterId(any_=[c.read_deployment_by_name(name).id]))
