@@ -600,7 +600,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-SHIPPED_LENGTHS = str(Path(__file__).parent / "bench_data" / "rollout" / "lengths.parquet")
+SHIPPED_LENGTHS = str(Path(__file__).resolve().parents[1] / "bench" / "data" / "rollout" / "lengths.parquet")
 
 
 def measured_icc(paths: list[str]) -> dict:

@@ -18,7 +18,7 @@ import mlflow
 import psutil
 import pytest
 
-from rstar2 import services
+from cli import services
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ class Serve:
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
         self.log = (home / f"serve-{self.pp}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "serve", "--prefect-port", str(self.pp),
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--prefect-port", str(self.pp),
                                       "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])
