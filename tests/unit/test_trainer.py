@@ -222,7 +222,7 @@ def test_reset_optimizer_restarts_warmup(tiny_model, tmp_path):
 
 
 def test_lr_schedule_warmup_then_cosine_decay():
-    from rstar2.trainer import lr_lambda
+    from rstar2.optim import lr_lambda
 
     m = lr_lambda(config.TrainerCfg(warmup_steps=2, decay_steps=4, min_lr_frac=0.1))
     # s=0: warm-up 1/2 at full cosine; s=1: 0.1 + 0.9 (1 + cos(pi/4)) / 2; s=2: halfway; s>=4: the floor
