@@ -204,7 +204,8 @@ def test_entropy_is_measured_without_the_bonus(tiny_model, tmp_path):
     ents = []
     with torch.no_grad():
         for p, r, m in pl.read_parquet(uri).select("prompt_ids", "response_ids", "loss_mask").rows():
-            ent = grpo.entropy_from_logits(tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1])  # (L-1,)
+            logits = tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1]                    # (L-1, V)
+            ent = torch.distributions.Categorical(logits=logits.double()).entropy()            # (L-1,)
             mask = [0] * len(p) + list(m)
             ents += [float(ent[t - 1]) for t in range(1, len(mask)) if mask[t]]
     m = tr.update(uri)
