@@ -120,11 +120,12 @@ class RocResult:
     dropped_rollouts: int   # rollouts in those groups (the rest of ~mask is RoC down-sampling)
 
 
-def roc_select(group_ids, rewards, penalties, keep: int, rng: np.random.Generator, mode: str = "paper",
+def roc_select(group_ids, rewards, penalties, keep: int | None, rng: np.random.Generator, mode: str = "paper",
                drop_all_equal: bool = True, min_pos: int = 2, min_neg: int = 2) -> RocResult:
     """RoC over a flat batch: group_ids (N,) name each rollout's prompt. Groups are visited in sorted id
     order, so the result is a pure function of the inputs and the rng state. Dropped groups are not refilled
-    (the batch just shrinks, as in the release)."""
+    (the batch just shrinks, as in the release). keep=None: no down-sampling (plain GRPO), every group is kept
+    whole and only the all-equal rule applies."""
     gid = np.asarray(group_ids)
     r = np.asarray(rewards, dtype=np.float64)            # (N,)
     pen = np.asarray(penalties, dtype=np.float64)        # (N,)
@@ -136,5 +137,5 @@ def roc_select(group_ids, rewards, penalties, keep: int, rng: np.random.Generato
         if drop_all_equal and is_all_equal(r[idx]):
             dropped_groups, dropped_rollouts = dropped_groups + 1, dropped_rollouts + idx.size
             continue
-        mask[idx[select_group(r[idx], pen[idx], keep, rng, mode, min_pos, min_neg)]] = True
+        mask[idx if keep is None else idx[select_group(r[idx], pen[idx], keep, rng, mode, min_pos, min_neg)]] = True
     return RocResult(mask, int(mask.sum()), dropped_groups, dropped_rollouts)
