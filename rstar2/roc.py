@@ -28,12 +28,13 @@ from typing import Sequence
 
 import numpy as np
 
+from rstar2.sandbox.api import OK, OUTPUT_TRUNCATED
 from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN
 
 # "output_truncated" is a run that succeeded but printed too much: the model did nothing wrong, so it is not
 # an error. Every other status ("error", "timeout", "parse_error", "memory", "killed", or anything unknown)
 # is a failed tool call: the paper's p_err covers execution errors, timeouts and format/parse failures.
-OK_STATUSES = frozenset({"ok", "output_truncated"})
+OK_STATUSES = frozenset({OK, OUTPUT_TRUNCATED})
 _ANSWER_PAIR = re.compile(re.escape(ANSWER_OPEN) + r".*?" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
