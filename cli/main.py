@@ -224,7 +224,7 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
 
 
 from bench import sandbox as bench_sandbox  # noqa: E402
-from rstar2.sandbox.cli import app as sandbox_app  # noqa: E402
+from cli.sandbox import app as sandbox_app  # noqa: E402
 
 app.add_typer(sandbox_app, name="sandbox")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")

@@ -5,7 +5,7 @@ circle. Read from the source with `ast`, imports at any depth included (inside f
     flows/   Prefect flows                                     may import tasks, rstar2
     tasks/   Prefect tasks                                     may import rstar2
     bench/   benchmarks and the rollout simulator              may import rstar2
-    rstar2/  the library (no Prefect)                          imports none of the above
+    rstar2/  the library (no Prefect, no command line)         imports none of the above
 """
 
 import ast
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {"rstar2": {"rstar2"}, "tasks": {"tasks", "rstar2"}, "flows": {"flows", "tasks", "rstar2"},
            "bench": {"bench", "rstar2"}, "cli": {"cli", "flows", "tasks", "bench", "rstar2"}}
-FORBIDDEN_THIRD_PARTY = {"rstar2": {"prefect", "prefect_ray"}}
+FORBIDDEN_THIRD_PARTY = {"rstar2": {"prefect", "prefect_ray", "typer"}}  # no orchestration, no command line
 
 
 def _modules() -> dict[str, Path]:
