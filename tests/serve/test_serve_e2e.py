@@ -7,7 +7,6 @@ is on its MLflow LoggedModel."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import psutil
 import pytest
 
 from cli import services
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +27,6 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "world.max_positions=512", "stages.0.steps=3", "stages.0.prompts_per_step=3",
          "stages.0.max_response_tokens=160"]
 BOUND_S = services.WORKER_GRACE_S + services.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _until(what: str, check, timeout_s: float, every: float = 2.0):
@@ -47,7 +41,7 @@ def _until(what: str, check, timeout_s: float, every: float = 2.0):
 
 class Serve:
     def __init__(self, home: Path, runs: Path):
-        self.pp, self.mp = _free_port(), _free_port()
+        self.pp, self.mp = free_port(), free_port()
         self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
