@@ -4,8 +4,6 @@ subflows; all of them resume from the run directory's committed state."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from pydantic import BaseModel
 
