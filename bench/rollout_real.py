@@ -31,6 +31,7 @@ import ray
 
 from rstar2 import cluster, rollout, steps
 from rstar2.config import RunCfg
+from rstar2.controller import Controller
 from rstar2.scheduler import LengthEstimator
 from rstar2.world.tokenizer import load as load_tokenizer
 
@@ -54,24 +55,26 @@ def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, sampl
 
 def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
                 policies: list[str], rounds: int, run_id: str) -> dict:
-    names, _ = cluster.start(run_id, cfg, model_dir, with_trainer=False)
+    ctl = Controller(run_id)
     try:
-        clients, caps = cluster.engine_clients(names, cfg.rollout.temperature, cfg.rollout.top_p)
+        ctl.start(cfg, model_dir, with_trainer=False)
+        clients, caps = ctl.engine_clients(cfg.rollout.temperature, cfg.rollout.top_p)
         est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
         runs, raws = [], []
         sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
-        _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
+        _raw_generate(ctl.engines, cfg, tok, problems[:2], 2, lim)  # engines warm
         warm, _ = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
                                         estimator=est, seed=SEED)  # warm-up, not counted
         chains = [t.turn_requests() for t in warm]  # seeded: every run's turns are these
         replays = []
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
-                _cold(names)
-                raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
-                _cold(names)
-                replays.append(_replay(names, cfg, chains))
-                _cold(names)
+                _cold(ctl.engines)
+                # paired: the load of the moment
+                raws.append(_raw_generate(ctl.engines, cfg, tok, problems, samples, lim))
+                _cold(ctl.engines)
+                replays.append(_replay(ctl.engines, cfg, chains))
+                _cold(ctl.engines)
                 run = _scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
                                  est if policy == "kv_aware" else None)
                 runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"],
@@ -81,13 +84,13 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
                 "replay_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in replays),
                 "runs": runs, "policies": _summarize(runs, policies)}
     finally:
-        cluster.stop(names)
+        ctl.stop()
 
 
-def _cold(names: list[str]) -> None:
+def _cold(engines: list) -> None:
     """Empty every engine's prefix cache: each measured run starts without the KV of the same prompts from the run
     before (an RL step's prompts are new), so neither side of a pair reuses the other's."""
-    ray.get([cluster.get(n).reset_cache.remote() for n in names])
+    ray.get([n.reset_cache.remote() for n in engines])
 
 
 def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
@@ -147,11 +150,11 @@ def _kv_aware_ratios(runs: list[dict], policy: str) -> list[float]:
     return [d["kv_aware"] / d[policy] for d in by_round.values() if "kv_aware" in d and policy in d]
 
 
-def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samples: int,
+def _raw_generate(engines: list, cfg: RunCfg, tok, problems: list[dict], samples: int,
                   lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
     trajs = rollout.make_trajs(tok, problems, samples, lim, SEED)
-    generate = cluster.engine_generate(names, cfg.rollout.temperature, cfg.rollout.top_p)
+    generate = cluster.engine_generate(engines, cfg.rollout.temperature, cfg.rollout.top_p)
     t0 = time.perf_counter()
     outs = generate([t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs])
     wall = time.perf_counter() - t0
@@ -159,16 +162,16 @@ def _raw_generate(names: list[str], cfg: RunCfg, tok, problems: list[dict], samp
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
 
 
-def _replay(names: list[str], cfg: RunCfg, chains: list[list[tuple]]) -> dict:
+def _replay(engines: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
     """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds
     as the loop sent them, tool replies included), chained inside the engines, each turn the step after the one
     before ended (rstar2.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
     agent loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for
     this split."""
-    k = len(names)
+    k = len(engines)
     t0 = time.perf_counter()
-    parts = ray.get([cluster.get(n).replay.remote(chains[i::k], cfg.rollout.temperature, cfg.rollout.top_p)
-                     for i, n in enumerate(names)])
+    parts = ray.get([n.replay.remote(chains[i::k], cfg.rollout.temperature, cfg.rollout.top_p)
+                     for i, n in enumerate(engines)])
     wall = time.perf_counter() - t0
     gen = sum(len(ids) for part in parts for chain in part for ids, _ in chain)
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}

@@ -15,8 +15,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field
 
-from rstar2 import ablations, config, report, runstate, tracking
+from rstar2 import ablations, config, report, runstate
 from flows.campaign import CampaignParams, campaign
+from tasks import track
+from tasks.reports import ablation_report
 
 
 class AblationParams(BaseModel):
@@ -40,22 +42,14 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
                                           run_name=f"{params.name}-{v}", sft_checkpoint=sft, seeds=params.seeds))
         sft = sft or str(Path(summary["run_dir"]) / "sft")  # later variants start from the first one's SFT model
         results[v] = summary
-    exp_id = tracking.setup(base_cfg.experiment, base_cfg.out_dir)
     out = runstate.run_dir(base_cfg, params.name)
-    run_id = tracking.find_or_create_run(exp_id, params.name, str(out), tags={"kind": "ablation-report"})
-    curves = {v: [tracking.stage_histories(exp_id, seed["mlflow_run_id"], list(report.CURVES)) for seed in s["by_seed"]]
-              for v, s in results.items()}  # per variant, one set of curves per seed
+    exp_id, run_id = track.open_run(base_cfg.experiment, base_cfg.out_dir, params.name, str(out),
+                                    tags={"kind": "ablation-report"},
+                                    set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
+                                    params={"variants": ",".join(params.variants), "preset": params.preset})
     title = f"{params.preset}: {', '.join(params.variants)}" + (f" ({params.seeds} seeds)" if params.seeds > 1 else "")
-    for png in report.comparison_plots(curves, str(out / "plots"), title):
-        tracking.client().log_artifact(run_id, png, "plots")
-    figures = report.ablation_summary(results)
-    per_step = report.per_step_rows({v: report.mean_curves(runs) for v, runs in curves.items()})
-    tracking.client().log_dict(run_id, {**figures, "per_step": per_step}, "ablation.json")
-    tracking.log_params(run_id, {"variants": ",".join(params.variants), "preset": params.preset})
-    tracking.client().set_tag(run_id, "seeds", str(params.seeds))  # a tag: a re-run may add seeds
-    tracking.log_metrics(run_id, {f"{r['variant']}_{k}": r[k] for r in figures["variants"]
-                                  for k in ("pass1_rl", "pass1_rl_min", "pass1_rl_max", "gain")}, 0)
-    tracking.log_metrics(run_id, {f"{c['variant']}_minus_{c['baseline']}": c["diff"] for c in figures["comparisons"]}, 0)
+    res = ablation_report(exp_id, run_id, str(out), results, title)
+    figures, per_step = {k: v for k, v in res.items() if k != "per_step"}, res["per_step"]
     cells = lambda rows: [{k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}  # noqa: E731
                           for r in rows]  # an interval as one cell
     create_table_artifact(cells(figures["variants"]), key=f"{params.name}-summary".lower(),
@@ -64,6 +58,6 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
         create_table_artifact(cells(figures["comparisons"]), key=f"{params.name}-vs-baseline".lower(),
                               description="each variant minus the first: Welch 95 % interval over seeds")
     create_markdown_artifact(report.per_step_markdown(per_step), key=f"{params.name}-per-step".lower())
-    tracking.end(run_id)
+    track.end_run(run_id)
     return {**figures, "seeds": params.seeds, "per_step": per_step, "mlflow_run_id": run_id,
             "plots": str(out / "plots")}

@@ -20,16 +20,19 @@ import time
 from pathlib import Path
 
 from prefect import flow
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from rstar2 import checkpoint, config, report, runstate, tracking
+from rstar2 import checkpoint, config, report, runstate
 from rstar2.config import RunCfg
+from rstar2.controller import Controller
 from flows.evaluate import evaluate_checkpoint
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
-from tasks import rl
-from tasks.world import build_world, run_sft
+from tasks import rl, track
+from tasks.reports import campaign_report
+from tasks.run import run_context
+from tasks.world import run_sft
 
 
 class CampaignParams(BaseModel):
@@ -45,7 +48,7 @@ EVAL_KEYS = ("pass1", "pass1_se", "problems", "samples")  # with pass_at_{k}: wh
 
 
 @flow(name="rl-seed", flow_run_name="seed-{cfg.rl_seed}")
-def rl_seed(cfg: RunCfg, actors: dict, world: dict, run_dir: str, experiment_id: str, mlflow_run_id: str,
+def rl_seed(cfg: RunCfg, ctl: Controller, world: dict, run_dir: str, experiment_id: str, mlflow_run_id: str,
             sft_model: str) -> dict:
     """One RL seed: its stages from the SFT model (finished ones are kept), then its final evaluation."""
     run = Path(run_dir)
@@ -53,11 +56,11 @@ def rl_seed(cfg: RunCfg, actors: dict, world: dict, run_dir: str, experiment_id:
     for stage in cfg.stages:
         end = runstate.finished(run, stage)
         if end is None:
-            start = stage_transition(cfg, stage.name, actors, world, run_dir, experiment_id, mlflow_run_id, sft_model)
-            end = train_stage(cfg, stage, actors, world, run_dir, experiment_id, mlflow_run_id, start["global_step0"],
+            start = stage_transition(cfg, stage.name, ctl, world, run_dir, experiment_id, mlflow_run_id, sft_model)
+            end = train_stage(cfg, stage, ctl, world, run_dir, experiment_id, mlflow_run_id, start["global_step0"],
                               start["problems_uri"])
         global_step, model = end["global_step"], end["final_checkpoint"] or model
-    after = evaluate_checkpoint(cfg, actors, world, model, run_dir, experiment_id, mlflow_run_id,
+    after = evaluate_checkpoint(cfg, ctl, world, model, run_dir, experiment_id, mlflow_run_id,
                                 f"final-{cfg.eval.split}", cfg.eval.split, global_step)
     return {"rl_seed": cfg.rl_seed, "run_dir": run_dir, "mlflow_run_id": mlflow_run_id, "steps": global_step,
             "final_checkpoint": model,
@@ -72,75 +75,56 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     run = runstate.run_dir(cfg, params.run_name)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.json").write_text(cfg.model_dump_json(indent=1))
-    exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}
-    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags=tags)
-    tracking.client().set_tag(run_id, "seeds", str(params.seeds))  # a tag, not a param: a re-run may add seeds
-    tracking.log_params(run_id, cfg.model_dump())
-    create_link_artifact(tracking.ui_url(exp_id, run_id), link_text="MLflow: campaign run", key="campaign-mlflow")
     seeds = [cfg.model_copy(update={"rl_seed": cfg.rl_seed + i}) for i in range(params.seeds)]
-    actors: dict = {}
-    try:
-        world = build_world(cfg, str(run / "world"))
-        if params.sft_checkpoint:
-            if not checkpoint.is_committed(Path(params.sft_checkpoint)):
-                raise ValueError(f"sft_checkpoint {params.sft_checkpoint} is not a committed checkpoint")
-            sft_model = params.sft_checkpoint
-        elif cfg.sft.enabled:
-            sft_model = run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
-        else:
-            sft_model = world["init_model"]
+    with run_context(cfg, run, run.name, tags, owns_run=True, link_key="campaign-mlflow", params=cfg.model_dump(),
+                     set_tags={"seeds": params.seeds}) as ctx:  # a tag, not a param: a re-run may add seeds
+        ctl, world, exp_id, run_id = ctx.ctl, ctx.world, ctx.experiment_id, ctx.mlflow_run_id
+        sft_model = _sft_model(cfg, params, world, run)
         by_seed = []
         for i, cfg_s in enumerate(seeds):
             d = runstate.seed_dir(run, cfg_s.rl_seed, params.seeds)
             resume, is_rl = runstate.resume_point(d, cfg_s, sft_model)
             if i == 0:  # the engines (kept for every seed) and the first seed's trainer, then the one SFT evaluation
-                actors = rl.start_actors(run.name, cfg_s, resume)
+                rl.start_actors(ctl, cfg_s, resume)
                 if is_rl:
-                    rl.restore_trainer(actors, resume)
-                before = evaluate_checkpoint(cfg, actors, world, sft_model, str(run), exp_id, run_id,
+                    rl.restore_trainer(ctl, resume)
+                before = evaluate_checkpoint(cfg, ctl, world, sft_model, str(run), exp_id, run_id,
                                              f"sft-{cfg.eval.split}", cfg.eval.split, 0)
             elif any(runstate.finished(d, s) is None for s in cfg.stages):  # a finished seed needs no trainer
-                rl.restart_trainer(run.name, cfg_s, resume)
+                rl.restart_trainer(ctl, cfg_s, resume)
                 if is_rl:
-                    rl.restore_trainer(actors, resume)
-            rl.load_weights(actors, resume)
-            seed_run_id = run_id if params.seeds == 1 else tracking.find_or_create_run(
-                exp_id, f"seed-{cfg_s.rl_seed}", str(d), run_id, {**tags, "kind": "seed", "rl_seed": str(cfg_s.rl_seed)})
-            by_seed.append(rl_seed(cfg_s, actors, world, str(d), exp_id, seed_run_id, sft_model))
+                    rl.restore_trainer(ctl, resume)
+            rl.load_weights(ctl, resume)
+            seed_run_id = run_id if params.seeds == 1 else track.open_run(
+                cfg.experiment, cfg.out_dir, f"seed-{cfg_s.rl_seed}", str(d), run_id,
+                {**tags, "kind": "seed", "rl_seed": str(cfg_s.rl_seed)})[1]
+            by_seed.append(rl_seed(cfg_s, ctl, world, str(d), exp_id, seed_run_id, sft_model))
             if seed_run_id != run_id:
-                tracking.log_metrics(seed_run_id, {k: by_seed[-1][k] for k in ("pass1", "pass1_se")},
-                                     by_seed[-1]["steps"])
-                tracking.end(seed_run_id)
+                track.log_metrics(seed_run_id, {k: by_seed[-1][k] for k in ("pass1", "pass1_se")}, by_seed[-1]["steps"])
+                track.end_run(seed_run_id)
         first = by_seed[0]
         summary = {"run_dir": str(run), "mlflow_run_id": run_id, "steps": first["steps"],
                    "final_checkpoint": first["final_checkpoint"], "stages": first["stages"],
                    **report.seed_aggregate(before, by_seed), "eval_split": cfg.eval.split,
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
                    "wall_s": time.perf_counter() - t0}
-        tracking.log_metrics(run_id, {**{k: v for k, v in summary.items() if k.startswith(("pass1", "pass_at", "wall"))},
-                                      "pass1_gain_ci95_lo": summary["pass1_gain_ci95"][0],
-                                      "pass1_gain_ci95_hi": summary["pass1_gain_ci95"][1]},
-                             max(s["steps"] for s in by_seed))
-        tracking.client().log_dict(run_id, summary, "summary.json")
-        if params.seeds == 1:  # one line per stage
-            curves = tracking.histories_by_stage(exp_id, run_id, list(report.CURVES))
-            title = f"{run.name}: stages"
-        else:  # the seeds' mean with a min-max band
-            curves = {run.name: [tracking.stage_histories(exp_id, s["mlflow_run_id"], list(report.CURVES))
-                                 for s in by_seed]}
-            title = f"{run.name}: {params.seeds} RL seeds"
-        for png in report.comparison_plots(curves, str(run / "plots"), title):
-            tracking.client().log_artifact(run_id, png, "plots")
+        campaign_report(exp_id, run_id, str(run), summary)
         (run / "summary.json").write_text(json.dumps(summary, indent=1))
         create_markdown_artifact(_summary_markdown(summary, cfg.eval.split), key="campaign-summary")
-        tracking.end(run_id)
         return summary
-    except BaseException:
-        tracking.end(run_id, "FAILED")
-        raise
-    finally:
-        rl.stop_actors(actors)
+
+
+def _sft_model(cfg: RunCfg, params: CampaignParams, world: dict, run: Path) -> str:
+    """The model RL starts from: the given committed SFT checkpoint, else this run's SFT (trained once), else the
+    world's initial model when SFT is off."""
+    if params.sft_checkpoint:
+        if not checkpoint.is_committed(Path(params.sft_checkpoint)):
+            raise ValueError(f"sft_checkpoint {params.sft_checkpoint} is not a committed checkpoint")
+        return params.sft_checkpoint
+    if cfg.sft.enabled:
+        return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
+    return world["init_model"]
 
 
 def _summary_markdown(summary: dict, split: str) -> str:

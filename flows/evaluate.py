@@ -20,11 +20,12 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from prefect.client.schemas.objects import StateType
 from pydantic import BaseModel
 
-from rstar2 import checkpoint, config, runstate, tracking
+from rstar2 import checkpoint, config, runstate
 from rstar2.config import RunCfg
+from rstar2.controller import Controller
 from rstar2.world.build import eval_split
 from tasks import rl
-from tasks.world import build_world
+from tasks.run import run_context
 
 
 class EvalParams(BaseModel):
@@ -44,11 +45,11 @@ def result_name(model_dir: str, split: str) -> str:
 
 
 @flow(name="evaluate-checkpoint", flow_run_name="{name}")
-def evaluate_checkpoint(cfg: RunCfg, actors: dict, world: dict, model_dir: str, run_dir: str, experiment_id: str,
+def evaluate_checkpoint(cfg: RunCfg, ctl: Controller, world: dict, model_dir: str, run_dir: str, experiment_id: str,
                         mlflow_run_id: str, name: str, split: str, step: int) -> dict:
     """Evaluate `model_dir` with the given engines (they are loaded with it first) and record it in MLflow."""
-    rl.load_weights(actors, model_dir)
-    result = rl.evaluate(actors, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
+    rl.load_weights(ctl, model_dir)
+    result = rl.evaluate(ctl, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
                          str(Path(run_dir) / "eval" / f"{name}.parquet"))
     meta = checkpoint.manifest(Path(model_dir)) if checkpoint.is_committed(Path(model_dir)) else {"stage": name}
     rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir,
@@ -107,16 +108,12 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
             return _skip(log, f"the campaign of {run} is still running (eval.while_training is off)")
     if not checkpoint.is_committed(Path(model_dir)):
         raise ValueError(f"{model_dir} is not a committed checkpoint; nothing to evaluate")
-    world = build_world(cfg, str(run / "world") if (run / "world").exists() else str(run.parent / "world"))
-    exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
-    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": cfg.name})
-    actors = rl.start_actors(f"{run.name}-eval", cfg, model_dir, with_trainer=False)
-    try:
+    world_dir = run / "world" if (run / "world").exists() else run.parent / "world"  # a seed directory's is above it
+    with run_context(cfg, run, f"{run.name}-eval", {"kind": "campaign", "preset": cfg.name}, world_dir) as ctx:
+        rl.start_actors(ctx.ctl, cfg, model_dir, with_trainer=False)
         step = checkpoint.manifest(Path(model_dir)).get("global_step", 0)
-        return evaluate_checkpoint(cfg, actors, world, model_dir, str(run), exp_id, run_id,
-                                   result_name(model_dir, split), split, step)
-    finally:
-        rl.stop_actors(actors)
+        return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,
+                                   ctx.mlflow_run_id, result_name(model_dir, split), split, step)
 
 
 def _skip(log, why: str) -> dict:

@@ -10,10 +10,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
-from rstar2 import config, runstate, tracking
+from rstar2 import config, runstate
 from rstar2.config import RunCfg
-from tasks import rl
-from tasks.world import build_world
+from rstar2.controller import Controller
+from tasks import rl, track
+from tasks.run import run_context
 
 
 class MineParams(BaseModel):
@@ -26,13 +27,13 @@ class MineParams(BaseModel):
 
 
 @flow(name="mine-hard-set", flow_run_name="{stage_name}")
-def mine_hard_set(cfg: RunCfg, stage_name: str, actors: dict, world: dict, run_dir: str, experiment_id: str,
+def mine_hard_set(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict, run_dir: str, experiment_id: str,
                   campaign_run_id: str, checkpoint_dir: str) -> dict:
     stage = next(s for s in cfg.stages if s.name == stage_name)
     out = Path(run_dir) / "mining" / stage_name / Path(checkpoint_dir).name
-    lineage = rl.mine_hard(actors, checkpoint_dir, world["train"], cfg.mining, cfg.rollout_for(stage), cfg.sandbox,
+    lineage = rl.mine_hard(ctl, checkpoint_dir, world["train"], cfg.mining, cfg.rollout_for(stage), cfg.sandbox,
                            cfg.world.max_positions, str(out), cfg.rl_seed)
-    tracking.log_dataset(campaign_run_id, lineage["hard_uri"], f"hard-{stage_name}", "training", lineage)
+    track.log_dataset(campaign_run_id, lineage["hard_uri"], f"hard-{stage_name}", "training", lineage)
     create_markdown_artifact(
         f"**hard set for {stage_name}** from `{checkpoint_dir}` (k={lineage['k']})\n\n| problems | count |\n|---|---|\n"
         f"| mined | {lineage['problems_before']} |\n| solved k/k (dropped) | {lineage['solved_all']} |\n"
@@ -49,12 +50,8 @@ def mine_hard(params: MineParams = MineParams()) -> dict:
     index = [s.name for s in cfg.stages].index(params.stage) if params.stage in [s.name for s in cfg.stages] else None
     if index is None:
         raise ValueError(f"preset {params.preset!r} has no stage {params.stage!r}: {[s.name for s in cfg.stages]}")
-    world = build_world(cfg, str(run / "world"))
     ckpt = params.checkpoint or runstate.stage_start(run, cfg, index, str(run / "sft"))[0]
-    exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
-    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": params.preset})
-    actors = rl.start_actors(f"{run.name}-mine", cfg, ckpt, with_trainer=False)
-    try:
-        return mine_hard_set(cfg, params.stage, actors, world, str(run), exp_id, run_id, ckpt)
-    finally:
-        rl.stop_actors(actors)
+    with run_context(cfg, run, f"{run.name}-mine", {"kind": "campaign", "preset": params.preset}) as ctx:
+        rl.start_actors(ctx.ctl, cfg, ckpt, with_trainer=False)
+        return mine_hard_set(cfg, params.stage, ctx.ctl, ctx.world, str(run), ctx.experiment_id, ctx.mlflow_run_id,
+                             ckpt)

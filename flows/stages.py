@@ -4,15 +4,14 @@ subflows; all of them resume from the run directory's committed state."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2 import checkpoint, config, runstate, tracking
+from rstar2 import checkpoint, config, runstate
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
 from tasks import rl
+from tasks.run import run_context
 from tasks.world import build_world, run_sft
 
 
@@ -46,17 +45,13 @@ def run_stage(params: StageParams = StageParams()) -> dict:
     unfinished = [s.name for s in cfg.stages[:index] if runstate.finished(run, s) is None]
     if unfinished:
         raise ValueError(f"stage {params.stage!r} starts after {unfinished}, which have not finished in {run}")
-    world = build_world(cfg, str(run / "world"))
-    sft_model = str(run / "sft") if checkpoint.is_committed(run / "sft") else world["init_model"]
-    exp_id = tracking.setup(cfg.experiment, cfg.out_dir)
-    run_id = tracking.find_or_create_run(exp_id, run.name, str(run), tags={"kind": "campaign", "preset": params.preset})
-    resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
-    actors = rl.start_actors(run.name, cfg, resume)
-    try:
+    with run_context(cfg, run, run.name, {"kind": "campaign", "preset": params.preset}) as ctx:
+        sft_model = str(run / "sft") if checkpoint.is_committed(run / "sft") else ctx.world["init_model"]
+        resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
+        rl.start_actors(ctx.ctl, cfg, resume)
         if is_rl:
-            rl.restore_trainer(actors, resume)
-        start = stage_transition(cfg, params.stage, actors, world, str(run), exp_id, run_id, sft_model)
-        return train_stage(cfg, cfg.stages[index], actors, world, str(run), exp_id, run_id, start["global_step0"],
-                           start["problems_uri"])
-    finally:
-        rl.stop_actors(actors)
+            rl.restore_trainer(ctx.ctl, resume)
+        start = stage_transition(cfg, params.stage, ctx.ctl, ctx.world, str(run), ctx.experiment_id,
+                                 ctx.mlflow_run_id, sft_model)
+        return train_stage(cfg, cfg.stages[index], ctx.ctl, ctx.world, str(run), ctx.experiment_id, ctx.mlflow_run_id,
+                           start["global_step0"], start["problems_uri"])

@@ -1,7 +1,7 @@
-"""Ray: the single controller (the driver, i.e. the Prefect flow process) owns named engine and trainer actors.
+"""Ray in the driver: joining the cluster, and the engine actors' clients. The actors themselves are started and
+owned by rstar2.controller.Controller.
 
-Local by default (`ray.init()` on this machine); set RAY_ADDRESS to join a cluster. Actors are non-detached, so
-they die with the driver; they are looked up by name, so Prefect tasks pass names (small strings), not handles.
+Local by default (`ray.init()` on this machine); set RAY_ADDRESS to join a cluster.
 """
 
 from __future__ import annotations
@@ -9,20 +9,13 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 import uuid
 from concurrent.futures import Future
 
 import ray
 
-from rstar2.config import RunCfg
-from rstar2.engine import EngineActor, EngineSpec
-from rstar2.trainer import PolicyTrainer
-from rstar2.trainer_group import TrainerGroup
-
 NAMESPACE = "rstar2"
 MAX_CONCURRENT_CALLS = 4096  # an engine actor's calls waiting at once (turns in flight + probes)
-_HANDLES: dict[str, object] = {}  # a non-detached actor lives while the driver holds a handle to it
 _STATE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_CONFIGURE_LOGGING",
               "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR", "TMPDIR",
               "VLLM_NO_USAGE_STATS", "TOKENIZERS_PARALLELISM", "RSTAR2_SANDBOX_PYTHON")
@@ -41,77 +34,8 @@ def init() -> None:
                  num_cpus=os.cpu_count(), _temp_dir=tmp if len(tmp) < 60 else None)
 
 
-def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
-    return [f"{run_id}-engine-{i}" for i in range(num_engines)], f"{run_id}-trainer"
-
-
-def start(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> tuple[list[str], str | None]:
-    """Create the engines and (unless evaluating only) the trainer, if not already alive under these names;
-    returns their names."""
-    init()
-    engine_names, trainer_name = actor_names(run_id, cfg.engine.num_engines)
-    gpu = 1 if cfg.engine.gpu_memory_utilization else 0
-    threads = os.cpu_count()
-    for i, name in enumerate(engine_names):
-        if _alive(name):
-            continue
-        # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
-        # carries its own sampling seed (rstar2.rollout.Trajectory.turn_seed), so this one picks no sample
-        spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
-                          kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + i,
-                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size)
-        # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor:
-        # its event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
-        _HANDLES[name] = ray.remote(num_cpus=0, num_gpus=gpu)(EngineActor).options(
-            name=name, max_concurrency=MAX_CONCURRENT_CALLS).remote(spec)
-    if not with_trainer:
-        trainer_name = None
-    elif not _alive(trainer_name):
-        # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
-        cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, gpu)
-        _HANDLES[trainer_name] = ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(
-            name=trainer_name).remote(model_dir, cfg.trainer, cfg.rl_seed, threads)
-    for name in engine_names + ([trainer_name] if trainer_name else []):
-        ray.get(get(name).__ray_ready__.remote())
-    return engine_names, trainer_name
-
-
-def restart_trainer(run_id: str, cfg: RunCfg, model_dir: str, timeout_s: float = 60.0) -> str:
-    """A fresh trainer under the run's trainer name: weights from `model_dir`, seed cfg.rl_seed, a new optimizer and
-    LR schedule; the engines are kept (the seed axis: every seed's RL starts from the SFT model). Returns its name."""
-    _, name = actor_names(run_id, cfg.engine.num_engines)
-    stop([name])
-    deadline = time.monotonic() + timeout_s
-    while _alive(name):  # Ray releases a killed actor's name asynchronously
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it was killed")
-        time.sleep(0.2)
-    return start(run_id, cfg, model_dir)[1]
-
-
-def _alive(name: str) -> bool:
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-        return True
-    except ValueError:
-        return False
-
-
-def get(name: str):
-    init()
-    return ray.get_actor(name, namespace=NAMESPACE)
-
-
-def stop(names: list[str]) -> None:
-    for name in names:
-        if _alive(name):
-            ray.kill(get(name))
-        _HANDLES.pop(name, None)
-
-
-def engine_generate(engine_names: list[str], temperature: float, top_p: float):
-    """A rollout GenerateFn that spreads each turn's prompts over the engines (round-robin chunks)."""
-    engines = [get(n) for n in engine_names]
+def engine_generate(engines: list, temperature: float, top_p: float):
+    """A rollout GenerateFn that spreads each turn's prompts over the engine actors (round-robin chunks)."""
 
     def generate(prompts, max_tokens, seeds=None):
         k = len(engines)
@@ -219,12 +143,3 @@ class EngineClient:
                 fut.set_exception(RuntimeError(f"engine turn failed: {finish}"))
             else:
                 fut.set_result((ids, finish, stats))
-
-
-def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> tuple[list[EngineClient], list[int]]:
-    """A client per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens, as vLLM
-    sized it (num_gpu_blocks x block_size)."""
-    engines = [get(n) for n in engine_names]
-    infos = ray.get([e.info.remote() for e in engines])
-    caps = [int(i["kv_capacity_tokens"]) for i in infos]
-    return [EngineClient(e, temperature, top_p, int(i["block_size"] or 1)) for e, i in zip(engines, infos)], caps

@@ -1,4 +1,4 @@
-"""The policy trainer: GRPO-RoC updates (rstar2/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/cluster.py):
+"""The policy trainer: GRPO-RoC updates (rstar2/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/controller.py):
 one for the plain-torch backend (CPU or one GPU), one per GPU rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py).
 
 One RL step (paper §2.2.3; implementation notes §3, §12.4):

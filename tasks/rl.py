@@ -9,10 +9,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
 from rstar2 import checkpoint as ckpt
-from rstar2 import cluster, health, mining, report, steps, tracking
+from rstar2 import health, mining, report, steps, tracking
 from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
+from rstar2.controller import Controller
 from rstar2.progress import bar
-from rstar2.scheduler import LengthEstimator
+from tasks import costs
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -27,86 +28,89 @@ def _retry_transient(task, task_run, state) -> bool:
 
 
 @task(name="start-actors", cache_policy=None)
-def start_actors(run_id: str, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> dict:
-    engines, trainer = cluster.start(run_id, cfg, model_dir, with_trainer)
-    return {"engines": engines, "trainer": trainer}
+@costs.work
+def start_actors(ctl: Controller, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> dict:
+    """The run's engines (kept once started) and, unless `with_trainer` is off, its trainer, from `model_dir`."""
+    ctl.start(cfg, model_dir, with_trainer)
+    return ctl.identity()
 
 
 @task(name="restore-trainer", cache_policy=None)
-def restore_trainer(actors: dict, ckpt_dir: str) -> str:
+@costs.work
+def restore_trainer(ctl: Controller, ckpt_dir: str) -> str:
     """A retried run: the trainer (started from the checkpoint's weights) takes back its optimizer/LR/RNG state."""
-    ray.get(cluster.get(actors["trainer"]).load_state.remote(ckpt_dir))
+    ctl.restore(ckpt_dir)
     return ckpt_dir
 
 
 @task(name="restart-trainer", cache_policy=None)
-def restart_trainer(run_id: str, cfg: RunCfg, model_dir: str) -> str:
+@costs.work
+def restart_trainer(ctl: Controller, cfg: RunCfg, model_dir: str) -> dict:
     """The next RL seed: a new trainer from `model_dir` with seed cfg.rl_seed and a fresh optimizer (engines kept)."""
-    return cluster.restart_trainer(run_id, cfg, model_dir)
-
-
-def stop_actors(actors: dict) -> None:
-    cluster.stop(actors.get("engines", []) + ([actors["trainer"]] if actors.get("trainer") else []))
-
-
-# kv_aware's length model, carried from step to step of a run (per engine set) in this flow process; a resumed run
-# starts again from the prior
-_ESTIMATORS: dict[tuple[str, ...], LengthEstimator] = {}
+    ctl.restart_trainer(cfg, model_dir)
+    return ctl.identity()
 
 
 @task(name="rollout", cache_policy=None, retries=2, retry_condition_fn=_retry_transient)
-def rollout(actors: dict, tokenizer_dir: str, problems_uri: str, step: int, prompts: int, samples: int,
+@costs.work
+def rollout(ctl: Controller, tokenizer_dir: str, problems_uri: str, step: int, prompts: int, samples: int,
             limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str,
             sched_cfg: SchedulerCfg) -> dict:
     """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}."""
-    clients, caps = cluster.engine_clients(actors["engines"], limits.temperature, limits.top_p)
+    clients, caps = ctl.engine_clients(limits.temperature, limits.top_p)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
-    est = _ESTIMATORS.setdefault(tuple(actors["engines"]),
-                                 LengthEstimator(sched_cfg.estimator_window, sched_cfg.prior_frac))
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(None, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri,
-                                        max_model_len, on_turn=progress, scheduled=(clients, caps, sched_cfg, est),
+                                        max_model_len, on_turn=progress,
+                                        scheduled=(clients, caps, sched_cfg, ctl.estimator),
                                         seed=f"{seed}/step{step}")
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 
 @task(name="score", cache_policy=None)
+@costs.work
 def score(rollouts_uri: str, sandbox_cfg: SandboxCfg, out_uri: str) -> str:
     steps.score(rollouts_uri, sandbox_cfg, out_uri)
     return out_uri
 
 
 @task(name="sandbox-execution-stats", cache_policy=None)
+@costs.work
 def sandbox_stats(scored_uri: str) -> dict:
     return steps.sandbox_stats(scored_uri)
 
 
 @task(name="roc-filter", cache_policy=None)
+@costs.work
 def roc_filter(scored_uri: str, roc_cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:
     return {"uri": out_uri, **steps.roc_filter(scored_uri, roc_cfg, keep, seed, out_uri)}
 
 
 @task(name="batch-metrics", cache_policy=None)
+@costs.work
 def batch_metrics(scored_uri: str, roc: dict) -> dict:
     return steps.batch_metrics(scored_uri, roc["uri"])
 
 
 @task(name="grpo-update", cache_policy=None)
-def grpo_update(actors: dict, roc: dict) -> dict:
-    return ray.get(cluster.get(actors["trainer"]).update.remote(roc["uri"]))
+@costs.work
+def grpo_update(ctl: Controller, roc: dict) -> dict:
+    return ctl.update(roc["uri"])
 
 
 @task(name="checkpoint", cache_policy=None)
-def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir: str, meta: dict,
+@costs.work
+def checkpoint(ctl: Controller, update: dict, batch: dict, sandbox: dict, ckpt_dir: str, meta: dict,
                experiment_id: str, mlflow_run_id: str) -> str:
     """Commit the trainer state atomically (the step's metrics sealed in its manifest), load the new weights into
     every engine in place, record the checkpoint as an MLflow LoggedModel and announce it (evaluation deployments
     trigger on the event)."""
     meta = {**meta, "metrics": {**batch, **sandbox, **update}}
-    path = ray.get(cluster.get(actors["trainer"]).save.remote(ckpt_dir, meta))
-    ray.get([cluster.get(e).load_weights.remote(path) for e in actors["engines"]])
-    model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, path, {k: v for k, v in meta.items()
-                                                                              if k != "metrics"})
+    path = ctl.save(ckpt_dir, meta)
+    ctl.sync_weights(path)
+    with costs.mlflow():
+        model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, path,
+                                             {k: v for k, v in meta.items() if k != "metrics"})
     emit_event("rstar2.checkpoint.committed",
                resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}.{Path(path).parent.name}."
                                                 f"{Path(path).name}", "rstar2.path": path,
@@ -117,6 +121,7 @@ def checkpoint(actors: dict, update: dict, batch: dict, sandbox: dict, ckpt_dir:
 
 
 @task(name="health-check", cache_policy=None)
+@costs.work
 def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id: str) -> list[str] | None:
     """The stage's last step in one line on the terminal, and the collapse alert (rstar2/health.py) over the stage's
     history (`rows`: per-step metrics, oldest first, rebuilt from the committed checkpoints on a resumed run).
@@ -127,17 +132,20 @@ def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id:
     print(f"[{stage}] {health.health_line(rows[-1], step)}", flush=True)
     if fired:
         print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
-    tracking.log_metrics(mlflow_run_id, {"collapse_alert": float(fired is not None)}, step)
-    if first := health.first_collapse(rows):
-        i, what = first
-        first_step = global_step0 + rows[i]["step"]
-        tracking.client().set_tag(mlflow_run_id, "alert.collapse", f"step {first_step}: {'; '.join(what)}")
-        tracking.client().set_tag(mlflow_run_id, "alert.collapse_step", str(first_step))
+    first = health.first_collapse(rows)
+    with costs.mlflow():
+        tracking.log_metrics(mlflow_run_id, {"collapse_alert": float(fired is not None)}, step)
+        if first:
+            i, what = first
+            first_step = global_step0 + rows[i]["step"]
+            tracking.client().set_tag(mlflow_run_id, "alert.collapse", f"step {first_step}: {'; '.join(what)}")
+            tracking.client().set_tag(mlflow_run_id, "alert.collapse_step", str(first_step))
     return fired
 
 
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
-def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
+@costs.work
+def evaluate(ctl: Controller, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
              sandbox_cfg: SandboxCfg, out_uri: str) -> dict:
     """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines). Its result is written next to
     the samples and reused by a retried run, so a finished evaluation is never redone."""
@@ -146,7 +154,7 @@ def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg,
         res = json.loads(done.read_text())["result"]
         # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
-    gen = cluster.engine_generate(actors["engines"], eval_cfg.temperature, 1.0)
+    gen = ctl.generate(eval_cfg.temperature, 1.0)
     with bar("evaluate") as progress:
         res = steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri,
                              on_turn=lambda turn, live: progress(turn, eval_cfg.max_turns))
@@ -155,17 +163,20 @@ def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg,
 
 
 @task(name="log-evaluation", cache_policy=None)
+@costs.work
 def log_evaluation(result: dict, experiment_id: str, mlflow_run_id: str, model_dir: str, meta: dict, step: int,
                    split: str) -> str:
     """Attach an evaluation to the checkpoint's LoggedModel (and the run) in MLflow; a val split is prefixed so it
     never mixes with held-out test figures."""
-    model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, model_dir, meta)
     prefix = "eval_" if split == "test" else f"eval_{split}_"
-    tracking.log_model_metrics(mlflow_run_id, model_id, {f"{prefix}{k}": v for k, v in result.items()}, step)
+    with costs.mlflow():
+        model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, model_dir, meta)
+        tracking.log_model_metrics(mlflow_run_id, model_id, {f"{prefix}{k}": v for k, v in result.items()}, step)
     return model_id
 
 
 @task(name="trajectory-samples", cache_policy=None)
+@costs.work
 def trajectory_samples(scored_uri: str, key: str, seed: int) -> str:
     """A markdown artifact with a few of the step's trajectories: tool calls, tool output, answer, reward."""
     return str(create_markdown_artifact(report.trajectory_markdown(scored_uri, 3, seed), key=key,
@@ -173,12 +184,13 @@ def trajectory_samples(scored_uri: str, key: str, seed: int) -> str:
 
 
 @task(name="mine-hard", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
-def mine_hard(actors: dict, checkpoint_dir: str, train_uri: str, cfg: MiningCfg, limits: RolloutCfg,
+@costs.work
+def mine_hard(ctl: Controller, checkpoint_dir: str, train_uri: str, cfg: MiningCfg, limits: RolloutCfg,
               sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int) -> dict:
     """Sample k rollouts per training problem with `checkpoint_dir` (loaded in the engines); commit the hard set."""
     if not ckpt.is_committed(Path(out_dir)):  # a retried run reuses a committed hard set
-        ray.get([cluster.get(e).load_weights.remote(checkpoint_dir) for e in actors["engines"]])
-        gen = cluster.engine_generate(actors["engines"], cfg.temperature, 1.0)
+        ctl.sync_weights(checkpoint_dir)
+        gen = ctl.generate(cfg.temperature, 1.0)
 
         def write(tmp: Path) -> None:
             with bar("mine hard problems") as progress:
@@ -190,11 +202,13 @@ def mine_hard(actors: dict, checkpoint_dir: str, train_uri: str, cfg: MiningCfg,
 
 
 @task(name="load-weights", cache_policy=None)
-def load_weights(actors: dict, model_dir: str) -> str:
-    ray.get([cluster.get(e).load_weights.remote(model_dir) for e in actors["engines"]])
-    return model_dir
+@costs.work
+def load_weights(ctl: Controller, model_dir: str) -> str:
+    """Every engine serves `model_dir` from now on."""
+    return ctl.sync_weights(model_dir)
 
 
 @task(name="reset-optimizer", cache_policy=None)
-def reset_optimizer(actors: dict) -> None:
-    ray.get(cluster.get(actors["trainer"]).reset_optimizer.remote())
+@costs.work
+def reset_optimizer(ctl: Controller) -> None:
+    ctl.reset_optimizer()

@@ -7,9 +7,11 @@ from prefect import task
 from rstar2 import sft
 from rstar2.config import RunCfg
 from rstar2.world import build
+from tasks import costs
 
 
 @task(name="build-world", cache_policy=None, retries=0)
+@costs.work
 def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
     """Make the world once per run directory (committed atomically); a retried or later flow reuses it."""
     from rstar2 import checkpoint
@@ -21,6 +23,7 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
 
 
 @task(name="sft", cache_policy=None)
+@costs.work
 def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
     """Non-reasoning SFT; returns the SFT model dir (committed only when training finished)."""
     from rstar2 import checkpoint

@@ -1,0 +1,166 @@
+"""The controller: the one object in the driver (the Prefect flow process) that owns a run's Ray actors (the vLLM
+engines and the trainer), kv_aware's length estimator and weight sync. A flow gets it from tasks.run.run_context and
+hands it to every subflow and task; tasks call its methods and never Ray.
+
+Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
+driver on a shared cluster uses a run id of its own) and are non-detached: they die with the driver, or at `stop()`.
+The controller keeps their handles: a non-detached actor lives while its driver holds a handle to it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import ray
+
+from rstar2 import cluster
+from rstar2.cluster import EngineClient
+from rstar2.config import RunCfg
+from rstar2.engine import EngineActor, EngineSpec
+from rstar2.scheduler import LengthEstimator
+from rstar2.trainer import PolicyTrainer
+from rstar2.trainer_group import TrainerGroup
+
+
+def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
+    return [f"{run_id}-engine-{i}" for i in range(num_engines)], f"{run_id}-trainer"
+
+
+class Controller:
+    """A run's engines and trainer, started by `start` (once the flow knows the model they load) and stopped by
+    `stop`. Engines: `engine_clients` (the agent loop's view of them), `sync_weights`. Trainer: `update`, `save`,
+    `restore`, `reset_optimizer`, `restart_trainer`. `estimator` is kv_aware's length model, carried from step to
+    step of the run (a resumed run starts again from the prior).
+
+    Prefect records a flow's parameters as JSON: `dict(controller)` is its identity (run id and actor names), so
+    that is what the UI shows for it, never the handles."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.engines: list = []  # engine actor handles, by index
+        self.trainer = None  # a PolicyTrainer actor, or a TrainerGroup fronting one rank per GPU
+        self.estimator: LengthEstimator | None = None
+        self.loaded: str | None = None  # the weights every engine holds now
+        self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
+
+    def identity(self) -> dict:
+        names, trainer = actor_names(self.run_id, len(self.engines))
+        return {"run_id": self.run_id, "engines": names, "trainer": trainer if self.trainer is not None else None}
+
+    def __iter__(self) -> Iterator[tuple[str, object]]:
+        return iter(self.identity().items())
+
+    def __repr__(self) -> str:
+        return f"Controller({self.identity()})"
+
+    def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
+        """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
+        already alive under its name is taken over."""
+        cluster.init()
+        engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
+        if not self.engines:
+            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i) for i, n in enumerate(engine_names)]
+            self._engine_info = ray.get([e.info.remote() for e in self.engines])  # also waits for them to be up
+            self.loaded = model_dir
+        if with_trainer and self.trainer is None:
+            self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir)
+            ray.get(self.trainer.__ray_ready__.remote())
+        if self.estimator is None:
+            self.estimator = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
+
+    def restart_trainer(self, cfg: RunCfg, model_dir: str, timeout_s: float = 60.0) -> None:
+        """A fresh trainer under the run's trainer name: weights from `model_dir`, seed cfg.rl_seed, a new optimizer
+        and LR schedule; the engines are kept (the seed axis: every seed's RL starts from the SFT model)."""
+        _, name = actor_names(self.run_id, cfg.engine.num_engines)
+        _kill(self.trainer)
+        self.trainer = None
+        deadline = time.monotonic() + timeout_s
+        while _find(name) is not None:  # Ray releases a killed actor's name asynchronously
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it was killed")
+            time.sleep(0.2)
+        self.start(cfg, model_dir)
+
+    def stop(self) -> None:
+        for handle in self.engines + [self.trainer]:
+            _kill(handle)
+        self.engines, self.trainer, self.loaded, self._engine_info = [], None, None, []
+
+    # --- engines
+
+    def engine_clients(self, temperature: float, top_p: float) -> tuple[list[EngineClient], list[int]]:
+        """A client per engine (the agent loop submits turns through them) and each engine's KV capacity in tokens
+        (num_gpu_blocks x block_size)."""
+        caps = [int(i["kv_capacity_tokens"]) for i in self._engine_info]
+        return [EngineClient(e, temperature, top_p, int(i["block_size"] or 1))
+                for e, i in zip(self.engines, self._engine_info)], caps
+
+    def generate(self, temperature: float, top_p: float):
+        """A per-turn GenerateFn over the engines (rstar2.cluster.engine_generate)."""
+        return cluster.engine_generate(self.engines, temperature, top_p)
+
+    def sync_weights(self, model_dir: str) -> str:
+        """Every engine reloads `model_dir` in place (vLLM keeps its KV cache and compiled graphs); nothing to do
+        when they already hold it (committed checkpoints never change)."""
+        if model_dir != self.loaded:
+            ray.get([e.load_weights.remote(model_dir) for e in self.engines])
+            self.loaded = model_dir
+        return model_dir
+
+    # --- trainer
+
+    def update(self, batch_uri: str) -> dict:
+        """One GRPO-RoC update on the kept batch; the trainer's step metrics."""
+        return ray.get(self.trainer.update.remote(batch_uri))
+
+    def save(self, ckpt_dir: str, meta: dict) -> str:
+        """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""
+        return ray.get(self.trainer.save.remote(ckpt_dir, meta))
+
+    def restore(self, ckpt_dir: str) -> None:
+        """A resumed run: the trainer (started from the checkpoint's weights) takes back its optimizer/LR/RNG state."""
+        ray.get(self.trainer.load_state.remote(ckpt_dir))
+
+    def reset_optimizer(self) -> None:
+        ray.get(self.trainer.reset_optimizer.remote())
+
+
+def _find(name: str):
+    """The live actor registered under `name`, or None."""
+    try:
+        return ray.get_actor(name, namespace=cluster.NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _kill(handle) -> None:
+    if handle is not None:
+        try:
+            ray.kill(handle)
+        except ValueError:  # already gone
+            pass
+
+
+def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int):
+    # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
+    # carries its own sampling seed (rstar2.rollout.Trajectory.turn_seed), so this one picks no sample
+    spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
+                      kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + index,
+                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size)
+    # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor: its
+    # event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
+    return ray.remote(num_cpus=0, num_gpus=_gpus(cfg))(EngineActor).options(
+        name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(spec)
+
+
+def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str):
+    # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
+    cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, _gpus(cfg))
+    return ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(name=name).remote(model_dir, cfg.trainer, cfg.rl_seed,
+                                                                                os.cpu_count())
+
+
+def _gpus(cfg: RunCfg) -> int:
+    return 1 if cfg.engine.gpu_memory_utilization else 0

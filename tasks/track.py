@@ -1,0 +1,79 @@
+"""MLflow writes as tasks, so each is a node of its flow's graph (retried, timed and logged like the rest). Runs are
+addressed by id (rstar2.tracking); a retried flow finds its runs again by key and keeps logging into them."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_link_artifact
+
+from rstar2 import tracking
+from tasks import costs
+
+
+@task(name="open-run", cache_policy=None)
+@costs.work
+def open_run(experiment: str, out_dir: str, name: str, key: str, parent_id: str | None = None,
+             tags: dict | None = None, set_tags: dict | None = None, params: dict | None = None,
+             link_key: str | None = None) -> tuple[str, str]:
+    """The run keyed `key` (created with `tags` if new) in the experiment; `set_tags` and `params` are (re)written
+    each time, and `link_key` names a link artifact to the run in the MLflow UI. Returns (experiment id, run id)."""
+    with costs.mlflow():
+        exp_id = tracking.setup(experiment, out_dir)
+        run_id = tracking.find_or_create_run(exp_id, name, key, parent_id, tags)
+        for k, v in (set_tags or {}).items():
+            tracking.client().set_tag(run_id, k, str(v))
+        if params:
+            tracking.log_params(run_id, params)
+    if link_key:
+        create_link_artifact(tracking.ui_url(exp_id, run_id), link_text=f"MLflow: {name}", key=link_key)
+    return exp_id, run_id
+
+
+@task(name="log-metrics", cache_policy=None)
+@costs.work
+def log_metrics(run_id: str, metrics: dict, step: int) -> None:
+    with costs.mlflow():
+        tracking.log_metrics(run_id, metrics, step)
+
+
+@task(name="log-record", cache_policy=None)
+@costs.work
+def log_record(run_id: str, record: dict, artifact: str, tags: dict | None = None) -> None:
+    """A JSON record as a run artifact (e.g. a stage's end, a transition), with tags that summarize it."""
+    with costs.mlflow():
+        tracking.client().log_dict(run_id, record, artifact)
+        for k, v in (tags or {}).items():
+            tracking.client().set_tag(run_id, k, str(v))
+
+
+@task(name="log-dataset", cache_policy=None)
+@costs.work
+def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -> None:
+    """A Parquet table (e.g. a mined hard set) as a run input, with its lineage."""
+    with costs.mlflow():
+        tracking.log_dataset(run_id, uri, name, context, lineage)
+
+
+@task(name="end-run", cache_policy=None)
+@costs.work
+def end_run(run_id: str, status: str = "FINISHED") -> None:
+    with costs.mlflow():
+        tracking.end(run_id, status)
+
+
+@task(name="log-step", cache_policy=None)
+@costs.work
+def log_step(row: dict, global_step: int, run_id: str, parent_run_id: str, t0: float, before: dict) -> dict:
+    """One RL step in MLflow: its metrics on the stage run (evaluation figures are logged with their checkpoint),
+    the headline ones on the campaign run, then what orchestration cost it (tasks/costs.py) from `t0` (the
+    step's start, time.perf_counter) and the cost totals then; returns those figures."""
+    import time
+
+    with costs.mlflow():
+        tracking.log_metrics(run_id, {k: v for k, v in row.items() if k != "step" and not k.startswith("eval_")},
+                             global_step)
+        tracking.log_metrics(parent_run_id, {k: row[k] for k in ("reward_mean", "tool_error_rate_pos") if k in row},
+                             global_step)
+    cost = costs.overhead(time.perf_counter() - t0, before, costs.snapshot())
+    tracking.log_metrics(run_id, cost, global_step)  # the one write not counted in it
+    return cost

@@ -1,0 +1,165 @@
+"""The controller's bookkeeping of a run's actors (rstar2/controller.py) against a stand-in for Ray: which actors it
+starts and under which names, that weight sync reaches every engine once per new model, that a restarted trainer is
+fresh while the engines stay, and what Prefect records of it as a flow parameter. Real actors run in tests/flows."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from rstar2 import config, controller
+from rstar2.controller import Controller
+
+
+class FakeEngine:
+    def __init__(self, spec):
+        self.spec, self.loads = spec, []
+
+    def info(self):
+        return {"kv_capacity_tokens": 4096, "block_size": 16}
+
+    def load_weights(self, model_dir):
+        self.loads.append(model_dir)
+
+
+class FakeTrainer:
+    def __init__(self, model_dir, cfg, seed, threads):
+        self.model_dir, self.seed, self.resets, self.states = model_dir, seed, 0, []
+
+    def update(self, uri):
+        return {"loss": 0.5, "batch": uri}
+
+    def save(self, ckpt_dir, meta):
+        return ckpt_dir
+
+    def load_state(self, ckpt_dir):
+        self.states.append(ckpt_dir)
+
+    def reset_optimizer(self):
+        self.resets += 1
+
+
+class Handle:
+    """An actor handle: `handle.method.remote(...)` runs the method at once; FakeRay.get returns the result."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __getattr__(self, name):
+        if name == "__ray_ready__":
+            return SimpleNamespace(remote=lambda: True)
+        return SimpleNamespace(remote=getattr(self.obj, name))
+
+
+class FakeRay:
+    def __init__(self, release_on_kill: bool = True):
+        self.named: dict[str, Handle] = {}
+        self.spawned: list[str] = []
+        self.release_on_kill = release_on_kill
+
+    def remote(self, **resources):
+        def bind(cls):
+            def options(name, **_):
+                def spawn(*args):
+                    self.spawned.append(name)
+                    self.named[name] = Handle(cls(*args))
+                    return self.named[name]
+                return SimpleNamespace(remote=spawn)
+            return SimpleNamespace(options=options)
+        return bind
+
+    def get(self, refs):
+        return refs
+
+    def get_actor(self, name, namespace=None):
+        if name not in self.named:
+            raise ValueError(name)
+        return self.named[name]
+
+    def kill(self, handle):
+        if self.release_on_kill:
+            self.named = {n: h for n, h in self.named.items() if h is not handle}
+
+
+@pytest.fixture()
+def fake_ray(monkeypatch):
+    ray = FakeRay()
+    monkeypatch.setattr(controller, "ray", ray)
+    monkeypatch.setattr(controller.cluster, "init", lambda: None)
+    monkeypatch.setattr(controller, "EngineActor", FakeEngine)
+    monkeypatch.setattr(controller, "PolicyTrainer", FakeTrainer)
+    return ray
+
+
+def _cfg(**update):
+    return config.load("tiny", ["engine.num_engines=2", *[f"{k}={v}" for k, v in update.items()]])
+
+
+def test_start_names_the_actors_by_run_and_takes_over_live_ones(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    assert fake_ray.spawned == ["run-engine-0", "run-engine-1", "run-trainer"]
+    assert dict(ctl) == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"], "trainer": "run-trainer"}
+    assert ctl.loaded == "/m/sft" and ctl.estimator is not None
+    clients, caps = ctl.engine_clients(1.0, 1.0)
+    assert caps == [4096, 4096] and [c.block_size for c in clients] == [16, 16]
+    other = Controller("run")  # a second controller of the same run (e.g. a retried flow in this process)
+    other.start(_cfg(), "/m/sft")
+    assert fake_ray.spawned == ["run-engine-0", "run-engine-1", "run-trainer"]
+    evaluator = Controller("run-eval")
+    evaluator.start(_cfg(), "/m/sft", with_trainer=False)
+    assert dict(evaluator)["trainer"] is None and fake_ray.spawned[-1] == "run-eval-engine-1"
+
+
+def test_sync_weights_reaches_every_engine_once_per_model(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    ctl.sync_weights("/m/sft")  # the engines started from it
+    ctl.sync_weights("/m/step-1")
+    ctl.sync_weights("/m/step-1")
+    ctl.sync_weights("/m/step-2")
+    assert [h.obj.loads for h in ctl.engines] == [["/m/step-1", "/m/step-2"]] * 2
+
+
+def test_the_trainer_calls_go_to_the_trainer(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    assert ctl.update("kept.parquet") == {"loss": 0.5, "batch": "kept.parquet"}
+    assert ctl.save("/c/step-1", {}) == "/c/step-1"
+    ctl.restore("/c/step-1")
+    ctl.reset_optimizer()
+    assert ctl.trainer.obj.states == ["/c/step-1"] and ctl.trainer.obj.resets == 1
+
+
+def test_a_restarted_trainer_is_fresh_and_the_engines_stay(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    engines, old = list(ctl.engines), ctl.trainer
+    ctl.restart_trainer(_cfg(rl_seed=1), "/m/sft")
+    assert ctl.engines == engines and ctl.trainer is not old
+    assert ctl.trainer.obj.seed == 1 and fake_ray.spawned.count("run-trainer") == 2
+
+
+def test_a_trainer_name_never_released_times_out(fake_ray):
+    fake_ray.release_on_kill = False
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    with pytest.raises(TimeoutError, match="still registered"):
+        ctl.restart_trainer(_cfg(), "/m/sft", timeout_s=0.3)
+
+
+def test_stop_releases_every_actor(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    ctl.stop()
+    assert fake_ray.named == {} and dict(ctl) == {"run_id": "run", "engines": [], "trainer": None}
+    ctl.stop()  # twice is fine (a flow's finally after a failed start)
+
+
+def test_prefect_records_a_controller_parameter_as_its_identity(fake_ray):
+    """Prefect stores flow parameters through FastAPI's jsonable_encoder: the identity, not the handles."""
+    from fastapi.encoders import jsonable_encoder
+
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    assert jsonable_encoder(ctl) == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"],
+                                     "trainer": "run-trainer"}
