@@ -42,7 +42,10 @@ def _until(what: str, check, timeout_s: float, every: float = 2.0):
 class Serve:
     def __init__(self, home: Path, runs: Path):
         self.pp, self.mp = free_port(), free_port()
+        # every server's state under the test's own home (the shell's PREFECT_HOME would share a database across runs)
         self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
+                    "PREFECT_HOME": str(home / "prefect"),
+                    "PREFECT_MEMO_STORE_PATH": str(home / "prefect" / "memo_store.toml"),
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
         self.log = (home / f"serve-{self.pp}.log").open("wb")
