@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from cli import services
+from rstar2 import config
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +43,10 @@ def _until(what: str, check, timeout_s: float, every: float = 2.0):
 class Serve:
     def __init__(self, home: Path, runs: Path):
         self.pp, self.mp = free_port(), free_port()
+        # every server's state under the test's own home (the shell's PREFECT_HOME would share a database across runs)
         self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
+                    "PREFECT_HOME": str(home / "prefect"),
+                    "PREFECT_MEMO_STORE_PATH": str(home / "prefect" / "memo_store.toml"),
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
         self.log = (home / f"serve-{self.pp}.log").open("wb")
@@ -112,7 +116,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
         assert len(evals) <= 2, [(e.name, e.state) for e in evals]
         newest = sorted(run.glob("checkpoints/*/step-*"))[-1]
         client = mlflow.MlflowClient(second.env["MLFLOW_TRACKING_URI"])
-        exp = client.get_experiment_by_name("rstar2").experiment_id
+        exp = client.get_experiment_by_name(config.load("tiny", SMOKE).experiment).experiment_id
         model = client.search_logged_models([exp], f"tags.`rstar2.checkpoint` = '{newest}'")
         assert "eval_pass1" in {m.key for m in model[0].metrics}
     finally:
