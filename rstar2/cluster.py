@@ -15,6 +15,7 @@ from concurrent.futures import Future
 
 import ray
 
+from rstar2.agent_loop import EngineSet
 from rstar2.config import RunCfg
 from rstar2.engine import EngineActor, EngineSpec
 from rstar2.trainer import PolicyTrainer
@@ -109,27 +110,10 @@ def stop(names: list[str]) -> None:
         _HANDLES.pop(name, None)
 
 
-def engine_generate(engine_names: list[str], temperature: float, top_p: float):
-    """A rollout GenerateFn that spreads each turn's prompts over the engines (round-robin chunks)."""
-    engines = [get(n) for n in engine_names]
-
-    def generate(prompts, max_tokens, seeds=None):
-        k = len(engines)
-        seeds = seeds or [None] * len(prompts)
-        futs = [e.generate.remote(prompts[i::k], max_tokens[i::k], temperature, top_p, seeds[i::k])
-                for i, e in enumerate(engines)]
-        parts = ray.get(futs)
-        out = [None] * len(prompts)
-        for i, part in enumerate(parts):
-            out[i::k] = part
-        return out
-
-    return generate
-
-
 class EngineClient:
-    """One engine actor as rstar2.rollout.run_scheduled sees it: `submit` one trajectory-turn, `probe` its stats;
-    both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine at once.
+    """One engine actor as the agent loop (rstar2.agent_loop) sees it: `submit` one trajectory-turn, `probe` its
+    stats; both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine
+    at once.
 
     Turns travel in batches both ways: a sender thread sends whatever was submitted since its last call in one
     `add_turns` call, and while turns are out a collector thread keeps one `collect` in flight (a long poll that
@@ -221,10 +205,11 @@ class EngineClient:
                 fut.set_result((ids, finish, stats))
 
 
-def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> tuple[list[EngineClient], list[int]]:
-    """A client per engine (for rstar2.rollout.run_scheduled) and each engine's KV capacity in tokens, as vLLM
-    sized it (num_gpu_blocks x block_size)."""
+def engine_clients(engine_names: list[str], temperature: float, top_p: float) -> EngineSet:
+    """A client per engine (for the agent loop) and each engine's KV capacity in tokens, as vLLM sized it
+    (num_gpu_blocks x block_size)."""
     engines = [get(n) for n in engine_names]
     infos = ray.get([e.info.remote() for e in engines])
     caps = [int(i["kv_capacity_tokens"]) for i in infos]
-    return [EngineClient(e, temperature, top_p, int(i["block_size"] or 1)) for e, i in zip(engines, infos)], caps
+    return EngineSet([EngineClient(e, temperature, top_p, int(i["block_size"] or 1)) for e, i in zip(engines, infos)],
+                     caps)
