@@ -14,7 +14,8 @@ lock="$root/infra/requirements-cpu.lock"
 stamp="$venv/.rstar2-lock.sha256"
 
 ensure_env() {
-  local want; want="$(sha256sum "$lock" pyproject.toml | sha256sum | cut -d' ' -f1)"
+  # relative names: the stamp depends on the files' contents, not on where the checkout lives
+  local want; want="$(sha256sum infra/requirements-cpu.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
   echo "[rstar2] creating $venv from $lock (about 2-3 minutes the first time)" >&2
   local log="$root/.rstar2/pip-install.log"
@@ -50,8 +51,10 @@ case "$cmd" in
   ui-test)
     ensure_env
     if ! command -v chromium >/dev/null; then
-      echo "[rstar2] installing Debian's chromium (apt-get; needs root)" >&2
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      echo "[rstar2] installing Debian's chromium (apt-get)" >&2
+      as_root=(); [[ "$(id -u)" == 0 ]] || as_root=(sudo)  # CI may run as a user with sudo
+      "${as_root[@]}" apt-get update -qq
+      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
     fi
     exec "$venv/bin/python" -m pytest -q -m ui tests/ui "$@" ;;
   *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env} [args]" >&2; exit 2 ;;

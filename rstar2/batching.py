@@ -9,8 +9,8 @@ Two layouts, both with no attention mask at all:
           (a GRPO group) go into a row together and store their shared prompt once: every completion attends to
           that one copy, so the prompt's forward and backward run once per group instead of once per rollout.
 The LM head runs only on the hidden states that predict a loss token (not on prompt, tool output or padding):
-for a small model most FLOPs are the vocabulary projection. Measured on the 2-core CPU (README, Trainer):
-bucket is the default; `rstar2 bench trainer --layout pack` reruns the comparison.
+for a small model most FLOPs are the vocabulary projection. Measured on the 2-core CPU in bench/README.md
+("Trainer update"; `rstar2 bench trainer --layouts bucket,pack` reruns the comparison).
 """
 
 from __future__ import annotations

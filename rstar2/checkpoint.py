@@ -1,6 +1,7 @@
 """Atomic checkpoints: write into a temporary sibling directory, fsync, then rename. A directory is a checkpoint
 only if it holds COMMITTED.json (written last, inside the temp dir, before the rename), so a crash at any point
-leaves either the previous checkpoint or a `.tmp-*` directory that nothing mistakes for a valid one."""
+leaves either the previous checkpoint or a `.tmp-*` directory that nothing mistakes for a valid one. Single files
+(a finished evaluation's result) are written the same way by `write_atomic`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ def commit(final_dir: Path, write: Callable[[Path], None], meta: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final_dir
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write one file so that readers see the old content or the new, never a part: a temporary sibling, fsync,
+    then rename over `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{time.time_ns()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def is_committed(d: Path) -> bool:

@@ -137,7 +137,7 @@ class EngineCfg(_Cfg):
 
 
 class SchedulerCfg(_Cfg):
-    """Placement of trajectories on engines (rstar2/scheduler.py; paper §3.2, README "Rollout scheduling")."""
+    """Placement of trajectories on engines (rstar2/scheduler.py; paper §3.2; figures in bench/README.md)."""
     policy: Literal["kv_aware", "least_requests", "round_robin", "static"] = "kv_aware"
     max_inflight: int = 256  # trajectories per engine at most (vLLM's max_num_seqs); least_requests' only limit
     oversubscribe: float = 1.0  # kv_aware: admit while the peak KV (mean + kv_z sd) <= factor x KV capacity

@@ -3,8 +3,8 @@
 deepspeed is optional (`pip install .[cuda]`); without it, asking for this backend raises one clear error. The trainer
 keeps the micro-batch loop, so DeepSpeed runs with `managed_gradient_accumulation: false`: backward() only
 accumulates, step() reduces across ranks, clips and updates (a variable number of micro-batches per step is fine).
-The torch AdamW and the warm-up schedule are the same objects as the torch backend's; DeepSpeed's bf16 mode keeps fp32
-master weights in the optimizer. Checkpoints: DeepSpeed's own sharded state (every rank writes its part) plus HF
+The torch AdamW and the warm-up schedule come from rstar2/optim.py, as the torch backend's do; DeepSpeed's bf16
+mode keeps fp32 master weights in the optimizer. Checkpoints: DeepSpeed's own sharded state (every rank writes its part) plus HF
 weights gathered on rank 0 for the engines.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rstar2.config import TrainerCfg
+from rstar2.optim import adamw, lr_lambda
 
 
 def import_deepspeed():
@@ -51,8 +52,6 @@ def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
 class DeepSpeedBackend:
     def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, world: int,
                  master: tuple[str, int] | None):
-        from rstar2.trainer import _adamw, lr_lambda
-
         ds = import_deepspeed()
         self.ds, self.cfg, self.rank = ds, cfg, rank
         addr, port = master or ("127.0.0.1", free_port())
@@ -61,7 +60,7 @@ class DeepSpeedBackend:
         ds.init_distributed(rank=rank, world_size=world, verbose=False)
         self._warmup = lr_lambda(cfg)
         self.engine, self.opt, _, self.sched = ds.initialize(
-            model=model, optimizer=_adamw(model.parameters(), cfg, device),
+            model=model, optimizer=adamw(model.parameters(), cfg, device),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, self._warmup),
             config=ds_config(cfg, device))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -81,12 +80,6 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 def truncated_is_weight(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
     """min(π_old / π_engine, C) per token (TIS): corrects for the sampler's numerics differing from the trainer's."""
     return torch.minimum(old_logp - engine_logp, torch.full_like(old_logp, math.log(cap))).exp()
-
-
-def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """log softmax(logits)[targets] in float32: (B, T, V), (B, T) -> (B, T). cross_entropy fuses the gather."""
-    B, T, V = logits.shape
-    return -F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
 
 
 # Optional regularisers, off in the paper's recipe (no KL, no entropy bonus). The caller adds coef * term.

@@ -28,12 +28,13 @@ from typing import Sequence
 
 import numpy as np
 
+from rstar2.sandbox.api import OK, OUTPUT_TRUNCATED
 from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN
 
 # "output_truncated" is a run that succeeded but printed too much: the model did nothing wrong, so it is not
 # an error. Every other status ("error", "timeout", "parse_error", "memory", "killed", or anything unknown)
 # is a failed tool call: the paper's p_err covers execution errors, timeouts and format/parse failures.
-OK_STATUSES = frozenset({"ok", "output_truncated"})
+OK_STATUSES = frozenset({OK, OUTPUT_TRUNCATED})
 _ANSWER_PAIR = re.compile(re.escape(ANSWER_OPEN) + r".*?" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
@@ -120,11 +121,12 @@ class RocResult:
     dropped_rollouts: int   # rollouts in those groups (the rest of ~mask is RoC down-sampling)
 
 
-def roc_select(group_ids, rewards, penalties, keep: int, rng: np.random.Generator, mode: str = "paper",
+def roc_select(group_ids, rewards, penalties, keep: int | None, rng: np.random.Generator, mode: str = "paper",
                drop_all_equal: bool = True, min_pos: int = 2, min_neg: int = 2) -> RocResult:
     """RoC over a flat batch: group_ids (N,) name each rollout's prompt. Groups are visited in sorted id
     order, so the result is a pure function of the inputs and the rng state. Dropped groups are not refilled
-    (the batch just shrinks, as in the release)."""
+    (the batch just shrinks, as in the release). keep=None: no down-sampling (plain GRPO), every group is kept
+    whole and only the all-equal rule applies."""
     gid = np.asarray(group_ids)
     r = np.asarray(rewards, dtype=np.float64)            # (N,)
     pen = np.asarray(penalties, dtype=np.float64)        # (N,)
@@ -136,5 +138,5 @@ def roc_select(group_ids, rewards, penalties, keep: int, rng: np.random.Generato
         if drop_all_equal and is_all_equal(r[idx]):
             dropped_groups, dropped_rollouts = dropped_groups + 1, dropped_rollouts + idx.size
             continue
-        mask[idx[select_group(r[idx], pen[idx], keep, rng, mode, min_pos, min_neg)]] = True
+        mask[idx if keep is None else idx[select_group(r[idx], pen[idx], keep, rng, mode, min_pos, min_neg)]] = True
     return RocResult(mask, int(mask.sum()), dropped_groups, dropped_rollouts)

@@ -130,28 +130,22 @@ def sandbox_stats(scored_uri: str) -> dict:
     walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
     calls = sum(statuses.values())
     return {"tool_calls": calls, "tool_calls_per_traj": calls / max(1, df.height),
-            "tool_error_rate": 1 - (statuses["ok"] + statuses["output_truncated"]) / max(1, calls),
+            "tool_error_rate": 1 - sum(statuses[s] for s in roc.OK_STATUSES) / max(1, calls),
             "tool_latency_mean_s": float(np.mean(walls)) if walls else 0.0,
             "tool_latency_p99_s": float(np.quantile(walls, 0.99)) if walls else 0.0,
             **{f"tool_status_{k}": v for k, v in statuses.items()}, **service}
 
 
 def roc_filter(scored_uri: str, cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:
-    """GRPO-RoC down-sampling (oversampled 2G -> G per prompt); with RoC off, all rollouts are kept (plain GRPO)."""
+    """GRPO-RoC down-sampling (oversampled 2G -> G per prompt); with RoC off, groups are kept whole (plain GRPO).
+    Either way, groups whose rewards are all equal are dropped unless cfg.drop_all_equal is off."""
     df = pl.read_parquet(scored_uri)
-    if cfg.enabled:
-        res = roc.roc_select(df["problem_id"].to_numpy(), df["reward"].to_numpy(),
-                             (df["p_err"] + df["p_format"]).to_numpy(), keep, np.random.default_rng(seed),
-                             cfg.mode, cfg.drop_all_equal, cfg.min_pos, cfg.min_neg)
-        mask, dropped_groups = res.mask, res.dropped_groups
-    else:
-        equal = df.group_by("problem_id").agg(pl.col("reward").n_unique().alias("u")).filter(pl.col("u") == 1)
-        mask = ~df["problem_id"].is_in(equal["problem_id"].implode()).to_numpy() if cfg.drop_all_equal else \
-            np.ones(df.height, bool)
-        dropped_groups = equal.height if cfg.drop_all_equal else 0
-    kept = df.filter(pl.Series(mask))
+    penalties = (df["p_err"] + df["p_format"]).to_numpy()
+    res = roc.roc_select(df["problem_id"].to_numpy(), df["reward"].to_numpy(), penalties, keep if cfg.enabled else None,
+                         np.random.default_rng(seed), cfg.mode, cfg.drop_all_equal, cfg.min_pos, cfg.min_neg)
+    kept = df.filter(pl.Series(res.mask))
     kept.write_parquet(out_uri)
-    return {"roc_kept": kept.height, "roc_dropped": df.height - kept.height, "roc_dropped_groups": int(dropped_groups)}
+    return {"roc_kept": kept.height, "roc_dropped": df.height - kept.height, "roc_dropped_groups": res.dropped_groups}
 
 
 def batch_metrics(scored_uri: str, kept_uri: str) -> dict:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -35,29 +34,10 @@ import torch
 from rstar2 import checkpoint, device as dev, grpo
 from rstar2.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
 from rstar2.config import TrainerCfg
+from rstar2.optim import adamw, lr_lambda
 from rstar2.world.tokenizer import load as load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
-
-
-def lr_lambda(c: TrainerCfg):
-    """LR multiplier at optimizer step s: linear warm-up over `warmup_steps`, then constant (paper: 20 steps, then
-    constant) or, with `decay_steps` > 0, a cosine from 1 down to `min_lr_frac` at step `decay_steps` (and flat after):
-
-        m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * min(1, s/D))) / 2)
-    """
-    def m(s: int) -> float:
-        warm = min(1.0, (s + 1) / max(1, c.warmup_steps))
-        if c.decay_steps <= 0:
-            return warm
-        f = c.min_lr_frac
-        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / c.decay_steps))))
-    return m
-
-
-def _adamw(params, c: TrainerCfg, device: torch.device) -> torch.optim.AdamW:
-    # fused: one kernel per step on CPU and CUDA (the same math as the for-loop version)
-    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=device.type in ("cpu", "cuda"))
 
 
 class TorchBackend:
@@ -68,7 +48,7 @@ class TorchBackend:
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
-        self.opt = _adamw(self.module.parameters(), self.cfg, self.device)
+        self.opt = adamw(self.module.parameters(), self.cfg, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg))
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
+from rstar2 import checkpoint as ckpt
 from rstar2 import cluster, health, mining, report, steps, tracking
 from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
 from rstar2.progress import bar
@@ -149,9 +150,7 @@ def evaluate(actors: dict, model_dir: str, problems_uri: str, eval_cfg: EvalCfg,
     with bar("evaluate") as progress:
         res = steps.evaluate(engines, sched_cfg, model_dir, problems_uri, eval_cfg, max_model_len,
                              sandbox_cfg, out_uri, on_done=progress)
-    tmp = done.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"model_dir": model_dir, "result": res}))
-    tmp.rename(done)
+    ckpt.write_atomic(done, json.dumps({"model_dir": model_dir, "result": res}))
     return res
 
 
@@ -178,8 +177,6 @@ def mine_hard(actors: dict, checkpoint_dir: str, train_uri: str, cfg: MiningCfg,
               sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int,
               sched_cfg: SchedulerCfg) -> dict:
     """Sample k rollouts per training problem with `checkpoint_dir` (loaded in the engines); commit the hard set."""
-    from rstar2 import checkpoint as ckpt
-
     if not ckpt.is_committed(Path(out_dir)):  # a retried run reuses a committed hard set
         ray.get([cluster.get(e).load_weights.remote(checkpoint_dir) for e in actors["engines"]])
         engines = cluster.engine_clients(actors["engines"], cfg.temperature, 1.0)

@@ -5,6 +5,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rstar2 import env  # noqa: E402
+from cli import env  # noqa: E402
 
 env.apply(os.environ.get("RSTAR2_HOME") or str(ROOT / ".rstar2"))

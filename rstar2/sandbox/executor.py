@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -67,23 +66,6 @@ def route(code: str, profiles: dict[str, tuple[str, ...]]) -> str:
     by_size = sorted(profiles, key=lambda p: (len(profiles[p]), p))
     covering = [p for p in by_size if heavy <= {m.split(".")[0] for m in profiles[p]}]
     return covering[0] if covering else by_size[-1]
-
-
-def _reachable_by_others(path: str) -> bool:
-    """True if an unrelated uid can traverse to `path` and read it."""
-    path = os.path.realpath(path)
-    try:
-        mode = os.stat(path).st_mode
-        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
-            return False
-        parent = os.path.dirname(path)
-        while parent != path:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-            path, parent = parent, os.path.dirname(parent)
-        return True
-    except OSError:
-        return False
 
 
 @dataclass

@@ -23,6 +23,3 @@ def create(tokenizer: PreTrainedTokenizerFast, hidden: int, layers: int, heads: 
     tokenizer.save_pretrained(str(out_dir))
     return model
 
-
-def num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

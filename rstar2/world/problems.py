@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from typing import Callable
 
 import polars as pl
@@ -17,15 +16,6 @@ import polars as pl
 PROBLEM_SCHEMA = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String,
                   "solution_code": pl.String}
 SPLITS = ("sft", "train", "val", "test")
-
-
-@dataclass(frozen=True)
-class Problem:
-    problem_id: str
-    prompt: str
-    answer: str
-    source: str  # problem kind, e.g. "mul"
-    solution_code: str
 
 
 def _mul(r: random.Random) -> tuple[str, str]:

@@ -25,7 +25,7 @@ _NO_TOOL = "I can compute this directly."
 
 def _restate(prompt: str) -> str:
     """Reasoning that first restates the problem's numbers. Copying a number twice, the second time from a nearby
-    ordered list, is learned ~600 SFT steps earlier than copying straight into code (measured, README Figures)."""
+    ordered list, is learned ~600 SFT steps earlier than copying straight into code (measured on the tiny world)."""
     nums = re.findall(r"\d+", prompt)
     return f"The number is {nums[0]}." if len(nums) == 1 else f"The numbers are {', '.join(nums)}."
 

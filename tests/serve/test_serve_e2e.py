@@ -7,7 +7,6 @@ is on its MLflow LoggedModel."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,9 @@ import mlflow
 import psutil
 import pytest
 
-from rstar2 import services
+from cli import services
+from rstar2 import config
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +28,6 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "world.max_positions=512", "stages.0.steps=3", "stages.0.prompts_per_step=3",
          "stages.0.max_response_tokens=160"]
 BOUND_S = services.WORKER_GRACE_S + services.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _until(what: str, check, timeout_s: float, every: float = 2.0):
@@ -47,12 +42,15 @@ def _until(what: str, check, timeout_s: float, every: float = 2.0):
 
 class Serve:
     def __init__(self, home: Path, runs: Path):
-        self.pp, self.mp = _free_port(), _free_port()
+        self.pp, self.mp = free_port(), free_port()
+        # every server's state under the test's own home (the shell's PREFECT_HOME would share a database across runs)
         self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
+                    "PREFECT_HOME": str(home / "prefect"),
+                    "PREFECT_MEMO_STORE_PATH": str(home / "prefect" / "memo_store.toml"),
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
         self.log = (home / f"serve-{self.pp}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "serve", "--prefect-port", str(self.pp),
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--prefect-port", str(self.pp),
                                       "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])
@@ -118,7 +116,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
         assert len(evals) <= 2, [(e.name, e.state) for e in evals]
         newest = sorted(run.glob("checkpoints/*/step-*"))[-1]
         client = mlflow.MlflowClient(second.env["MLFLOW_TRACKING_URI"])
-        exp = client.get_experiment_by_name("rstar2").experiment_id
+        exp = client.get_experiment_by_name(config.load("tiny", SMOKE).experiment).experiment_id
         model = client.search_logged_models([exp], f"tags.`rstar2.checkpoint` = '{newest}'")
         assert "eval_pass1" in {m.key for m in model[0].metrics}
     finally:

@@ -2,20 +2,15 @@
 
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port as _free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chromium(url: str, *args: str) -> str:

@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from rstar2.cli import _real_table
+from cli.main import _real_table
 
 
 def test_real_bench_table_shows_each_policys_figures_on_one_line():
@@ -30,7 +30,7 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
 def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
     """kv_aware's makespan over each other policy's in the same round (load changes between rounds cancel): the
     median, range and the rounds kv_aware was faster; none for kv_aware itself."""
-    from rstar2.rollout_bench import _summarize
+    from bench.rollout_real import _summarize
 
     spans = {0: {"kv_aware": 3.0, "round_robin": 2.5}, 1: {"kv_aware": 2.0, "round_robin": 2.5},
              2: {"kv_aware": 3.3, "round_robin": 3.0}}
@@ -46,7 +46,7 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
     from rstar2 import report
-    from rstar2.cli import ablation_tables, campaign_table
+    from cli.main import ablation_tables, campaign_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
     seeds = [{"rl_seed": i, "steps": 2, "pass1": v, "pass1_se": 0.02, "pass_at_1": v, "pass_at_2": v + 0.1}

@@ -21,3 +21,18 @@ def test_commit_is_atomic_and_latest_ignores_partial(tmp_path):
         checkpoint.commit(root / "step-0001", lambda d: None, {})
     with pytest.raises(FileNotFoundError):
         checkpoint.manifest(root / "step-0003")
+
+
+def test_write_atomic_replaces_whole_files_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "result.json"
+    checkpoint.write_atomic(path, "old")
+    checkpoint.write_atomic(path, "new")
+    assert path.read_text() == "new"
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.os, "replace", fail)
+    with pytest.raises(OSError):
+        checkpoint.write_atomic(path, "partial")
+    assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]

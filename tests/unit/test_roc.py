@@ -210,6 +210,15 @@ def test_roc_select_keeps_all_equal_when_asked():
     assert set(np.flatnonzero(res.mask & (gids == "b"))) == set(b[np.argsort(pen[b], kind="stable")[:8]])
 
 
+def test_roc_select_without_down_sampling_keeps_groups_whole():
+    """keep=None (RoC off, plain GRPO): only the all-equal rule drops anything."""
+    gids, rewards, pen = _batch()
+    res = roc_select(gids, rewards, pen, None, np.random.default_rng(0))
+    assert res.mask.tolist() == (gids == "a").tolist() and res.dropped_groups == 2 and res.dropped_rollouts == 32
+    res = roc_select(gids, rewards, pen, None, np.random.default_rng(0), drop_all_equal=False)
+    assert res.mask.all() and res.dropped_groups == 0
+
+
 def test_roc_select_deterministic_and_empty():
     gids, rewards, pen = _batch()
     m1 = roc_select(gids, rewards, pen, 8, np.random.default_rng(5)).mask

@@ -11,7 +11,7 @@ import time
 import pytest
 import uvicorn
 
-from rstar2.bench_sandbox import _soak_request
+from bench.sandbox import _soak_request
 from rstar2.sandbox import ExecRequest, QueueFull, SandboxLimits, SandboxUnavailable
 from rstar2.sandbox.client import BatchingClient, HttpTransport, SyncSandbox, TransientError
 from rstar2.sandbox.docker_backend import DockerService, container_spec

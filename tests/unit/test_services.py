@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from rstar2 import services
+from cli import services
 
 
 def test_a_taken_port_names_the_process_holding_it():

@@ -204,7 +204,8 @@ def test_entropy_is_measured_without_the_bonus(tiny_model, tmp_path):
     ents = []
     with torch.no_grad():
         for p, r, m in pl.read_parquet(uri).select("prompt_ids", "response_ids", "loss_mask").rows():
-            ent = grpo.entropy_from_logits(tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1])  # (L-1,)
+            logits = tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1]                    # (L-1, V)
+            ent = torch.distributions.Categorical(logits=logits.double()).entropy()            # (L-1,)
             mask = [0] * len(p) + list(m)
             ents += [float(ent[t - 1]) for t in range(1, len(mask)) if mask[t]]
     m = tr.update(uri)
@@ -222,7 +223,7 @@ def test_reset_optimizer_restarts_warmup(tiny_model, tmp_path):
 
 
 def test_lr_schedule_warmup_then_cosine_decay():
-    from rstar2.trainer import lr_lambda
+    from rstar2.optim import lr_lambda
 
     m = lr_lambda(config.TrainerCfg(warmup_steps=2, decay_steps=4, min_lr_frac=0.1))
     # s=0: warm-up 1/2 at full cosine; s=1: 0.1 + 0.9 (1 + cos(pi/4)) / 2; s=2: halfway; s>=4: the floor

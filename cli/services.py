@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import json
 import subprocess
 import sys
 import time
@@ -121,6 +122,26 @@ def start_mlflow(port: int, out_dir: Path, log: Path, started: list | None = Non
     return proc
 
 
+def _api(base: str, path: str, body: dict) -> object:
+    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read() or b"null")
+
+
+def crash_orphaned_runs(api_url: str, reason: str) -> list[str]:
+    """Mark Crashed the flow runs of our work pool that the API still shows as running or pending once the worker is
+    gone (a flow killed mid-step cannot report its own end). A crashed run is final, so the UI's Retry resumes it from
+    its last committed checkpoint; left Running, it would look alive forever. Returns the ids marked."""
+    runs = _api(api_url, "/flow_runs/filter", {
+        "flow_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "CANCELLING"]}}},
+        "work_pools": {"name": {"any_": [POOL]}}})
+    for run in runs:
+        _api(api_url, f"/flow_runs/{run['id']}/set_state",
+             {"state": {"type": "CRASHED", "name": "Crashed", "message": reason}, "force": True})
+    return [run["id"] for run in runs]
+
+
 def register_deployments(env: dict) -> None:
     """The work pool and every deployment of prefect.yaml (schedules and event triggers included)."""
     subprocess.run([_bin("prefect"), "work-pool", "create", POOL, "--type", "process", "--overwrite"], env=env,
@@ -129,6 +150,17 @@ def register_deployments(env: dict) -> None:
                           text=True)
     if done.returncode:
         raise RuntimeError(f"prefect deploy failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def _crash_orphans(api_url: str, why: str, say: Callable[[str], None]) -> None:
+    try:
+        ids = crash_orphaned_runs(api_url, f"rstar2 serve stopped ({why}) while this run ran; retry resumes it from "
+                                           "its last committed checkpoint")
+    except OSError as e:  # the Prefect server itself is gone: nothing to mark, the servers are stopped next
+        say(f"could not mark interrupted runs crashed: {e}")
+        return
+    for run_id in ids:
+        say(f"flow run {run_id} was still running: marked Crashed (retry resumes it)")
 
 
 def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = True,
@@ -148,6 +180,7 @@ def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = Tru
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     servers: list[subprocess.Popen] = []
     work: subprocess.Popen | None = None
+    stopped_by = "a service exited"
     try:
         start_prefect(prefect_port, home / "prefect-server.log", servers)
         start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log", servers)
@@ -163,6 +196,7 @@ def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = Tru
             time.sleep(0.5)
         say("a service exited; stopping the others")
     except Stop as e:
+        stopped_by = f"{e}"
         say(f"{e}: stopping the worker, then the servers")
     finally:
         for s in STOP_SIGNALS:  # the shutdown is bounded; a second Ctrl-C must not cut it short and leak processes
@@ -170,6 +204,7 @@ def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = Tru
         try:
             if work is not None:
                 stop_tree(tree(work), worker_grace_s)
+                _crash_orphans(env["PREFECT_API_URL"], stopped_by, say)
             stop_tree([p for s in reversed(servers) for p in tree(s)], SERVER_GRACE_S)
         finally:
             for s, h in previous.items():

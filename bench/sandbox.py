@@ -192,6 +192,16 @@ def _soak_request(i: int):
     return ExecRequest(f"print({token!r})"), ("ok", token + "\n")
 
 
+def isolation_table(layers: dict[str, str]) -> Table:
+    """The sandbox's isolation layers and whether each is active on this machine (also `rstar2 sandbox check`)."""
+    table = Table(title="sandbox isolation layers")
+    table.add_column("layer")
+    table.add_column("state")
+    for name, state in sorted(layers.items()):
+        table.add_row(name, state if state.startswith("active") else f"[red]{state}[/red]")
+    return table
+
+
 def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
     from rstar2.sandbox.api import SandboxLimits
 
@@ -200,7 +210,7 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
     server = service = None
     if over == "http":
         port = 18000 + os.getpid() % 1000
-        server = subprocess.Popen([sys.executable, "-m", "rstar2.cli", "sandbox", "serve", "--port", str(port),
+        server = subprocess.Popen([sys.executable, "-m", "cli.main", "sandbox", "serve", "--port", str(port),
                                    "--slots", str(slots)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
@@ -333,7 +343,6 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Sandbox service vs naive subprocess per call: calls/s, p50/p99 latency, CPU per call; optional soak."""
     from rstar2.sandbox.api import SandboxLimits
-    from rstar2.sandbox.cli import isolation_table
     from rstar2.sandbox.service import SandboxService
 
     try:

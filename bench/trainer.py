@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-DATA = Path(__file__).parent / "bench_data" / "trainer"  # a recorded tiny-world RL step: kept.parquet + tokenizer
+DATA = Path(__file__).parent / "data" / "trainer"  # a recorded tiny-world RL step: kept.parquet + tokenizer
 COLUMNS = ("problem_id", "reward", "prompt_ids", "response_ids", "loss_mask")
 
 
@@ -178,7 +178,7 @@ def worker_trl(spec: dict) -> list[dict]:
 def _run_worker(side: str, spec: dict) -> list[dict]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
-    proc = subprocess.run([sys.executable, "-m", "rstar2.bench_trainer", side, f.name], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench.trainer", side, f.name], capture_output=True,
                           text=True, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1"})
     os.unlink(f.name)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -204,7 +204,7 @@ def summarise(name: str, steps: list[dict], clean_util: float) -> dict:
 
 def command(
     batch: Optional[Path] = typer.Option(None, help="recorded RL-step batch (kept.parquet); default: the tiny-world "
-                                                    "step shipped with rstar2"),
+                                                    "step shipped in bench/data"),
     model: Optional[Path] = typer.Option(None, help="HF model dir; default: random init of the batch's tiny model"),
     steps: int = typer.Option(3, help="clean update steps to time per side (after one warm-up step)"),
     max_steps: int = typer.Option(12, help="give up waiting for clean steps after this many"),
@@ -220,10 +220,7 @@ def command(
     from rich.console import Console
     from rich.table import Table
 
-    from rstar2 import env
-
-    env.apply()  # the workers inherit it: offline hub, state under RSTAR2_HOME
-    console = Console()
+    console = Console()  # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
     if dtype not in ("float32", "bfloat16"):
         console.print(f"[red]error:[/red] --dtype must be float32 or bfloat16, got {dtype!r}")
         raise typer.Exit(2)
@@ -274,7 +271,7 @@ def command(
     return result
 
 
-if __name__ == "__main__":  # worker entry: python -m rstar2.bench_trainer {ours|trl} SPEC.json
+if __name__ == "__main__":  # worker entry: python -m bench.trainer {ours|trl} SPEC.json
     side, spec_path = sys.argv[1], sys.argv[2]
     out = (worker_ours if side == "ours" else worker_trl)(json.loads(Path(spec_path).read_text()))
     print("RESULT " + json.dumps(out), flush=True)

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from bench.sandbox import isolation_table
 from rstar2.sandbox.api import SandboxLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="The code-execution sandbox service")
@@ -24,15 +24,6 @@ def _service(slots: int, timeout_s: float, memory_mb: int, require: list[str], p
     except (ValueError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
-
-
-def isolation_table(layers: dict[str, str]) -> Table:
-    table = Table(title="sandbox isolation layers")
-    table.add_column("layer")
-    table.add_column("state")
-    for name, state in sorted(layers.items()):
-        table.add_row(name, state if state.startswith("active") else f"[red]{state}[/red]")
-    return table
 
 
 @app.command()

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rstar2 import bench_trainer, env
+from bench import trainer as bench_trainer
+from cli import env
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and CI too
@@ -192,7 +193,7 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
           worker: bool = typer.Option(True, help="also run a worker for the deployments' runs")):
     """Local services on 127.0.0.1: Prefect server, MLflow server, and a runner serving prefect.yaml's deployments."""
     env.apply()
-    from rstar2 import services
+    from cli import services
 
     try:
         services.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
@@ -222,12 +223,21 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
         raise typer.Exit(2)
 
 
-from rstar2 import bench_sandbox  # noqa: E402
-from rstar2.sandbox.cli import app as sandbox_app  # noqa: E402
+from bench import sandbox as bench_sandbox  # noqa: E402
+from cli.sandbox import app as sandbox_app  # noqa: E402
 
 app.add_typer(sandbox_app, name="sandbox")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
 app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback()
+def _bench_env() -> None:
+    # every bench, and the workers it starts, keeps its state under RSTAR2_HOME and stays offline (no docstring:
+    # it would replace the group's help)
+    env.apply()
+
+
 bench_app.command("sandbox")(bench_sandbox.main)
 bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
 
@@ -272,10 +282,10 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
 
 def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engines: int, prompts: int,
                         samples: int, rounds: int, kv_mb: list[int]) -> dict:
-    env.apply()
     import os
 
-    from rstar2 import config, rollout_bench
+    from bench import rollout_real
+    from rstar2 import config
 
     saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
     cfg = config.RunCfg.model_validate_json(saved.read_text()) if saved.exists() else config.load(preset)
@@ -288,7 +298,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
         console.print("[red]error:[/red] --real-rounds and --real-kv-mb must be positive")
         raise typer.Exit(2)
     kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 16)]
-    res = rollout_bench.real_run(cfg, model_dir, rollout_bench.problems_of(str(run_dir)), prompts, samples,
+    res = rollout_real.real_run(cfg, model_dir, rollout_real.problems_of(str(run_dir)), prompts, samples,
                                  ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
     res["load_avg_end"] = os.getloadavg()
     for c in res["configs"]:

@@ -1,0 +1,115 @@
+"""The layout is the design: each floor imports only the floors below it, and modules never import each other in a
+circle. Read from the source with `ast`, imports at any depth included (inside functions, under `if`, in `try`).
+
+    cli/     the command line, `rstar2 serve`, env defaults    may import flows, tasks, bench, rstar2
+    flows/   Prefect flows                                     may import tasks, rstar2
+    tasks/   Prefect tasks                                     may import rstar2
+    bench/   benchmarks and the rollout simulator              may import rstar2
+    rstar2/  the library (no Prefect, no command line)         imports none of the above
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {"rstar2": {"rstar2"}, "tasks": {"tasks", "rstar2"}, "flows": {"flows", "tasks", "rstar2"},
+           "bench": {"bench", "rstar2"}, "cli": {"cli", "flows", "tasks", "bench", "rstar2"}}
+FORBIDDEN_THIRD_PARTY = {"rstar2": {"prefect", "prefect_ray", "typer"}}  # no orchestration, no command line
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the project's packages."""
+    mods = {}
+    for pkg in ALLOWED:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module `name` imports, anywhere in the file; `from a import b` counts as a.b when that is a module."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: against this module's package
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_each_floor_imports_only_the_floors_below():
+    bad = []
+    for mod, deps in _graph().items():
+        floor = mod.split(".")[0]
+        for dep in deps:
+            top = dep.split(".")[0]
+            if (top in ALLOWED and top not in ALLOWED[floor]) or top in FORBIDDEN_THIRD_PARTY.get(floor, ()):
+                bad.append(f"{mod} imports {dep}")
+    assert not bad, "imports against the layout:\n" + "\n".join(sorted(bad))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in graph:
+                continue  # outside the project
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    assert _cycles(_graph()) == []
+
+
+def test_the_checks_see_what_they_look_for():
+    """The walk finds function-level and relative imports, and the cycle search finds a circle."""
+    g = _graph()
+    assert "bench.trainer" in g["cli.main"] and "rstar2.deepspeed_backend" in g["rstar2.trainer"]  # in a function
+    assert "rstar2.sandbox.api" in g["rstar2.sandbox"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_relative_imports_resolve_against_their_package(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    init, mod = tmp_path / "pkg" / "sub" / "__init__.py", tmp_path / "pkg" / "sub" / "m.py"
+    init.write_text("from .m import f\n")
+    mod.write_text("from . import n\nfrom ..top import g\ndef h():\n    from pkg import other\n")
+    known = {"pkg", "pkg.sub", "pkg.sub.m", "pkg.sub.n", "pkg.top", "pkg.other"}
+    assert _imports("pkg.sub", init, known) == {"pkg.sub.m"}
+    assert _imports("pkg.sub.m", mod, known) == {"pkg.sub.n", "pkg.top", "pkg.other"}
