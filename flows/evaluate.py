@@ -50,7 +50,7 @@ def evaluate_checkpoint(cfg: RunCfg, ctl: Controller, world: dict, model_dir: st
     """Evaluate `model_dir` with the given engines (they are loaded with it first) and record it in MLflow."""
     rl.load_weights(ctl, model_dir)
     result = rl.evaluate(ctl, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                         str(Path(run_dir) / "eval" / f"{name}.parquet"))
+                         str(Path(run_dir) / "eval" / f"{name}.parquet"), cfg.scheduler)
     meta = checkpoint.manifest(Path(model_dir)) if checkpoint.is_committed(Path(model_dir)) else {"stage": name}
     rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir,
                       {k: v for k, v in meta.items() if k not in ("metrics", "files")}, step, split)

@@ -32,7 +32,7 @@ def mine_hard_set(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict, ru
     stage = next(s for s in cfg.stages if s.name == stage_name)
     out = Path(run_dir) / "mining" / stage_name / Path(checkpoint_dir).name
     lineage = rl.mine_hard(ctl, checkpoint_dir, world["train"], cfg.mining, cfg.rollout_for(stage), cfg.sandbox,
-                           cfg.world.max_positions, str(out), cfg.rl_seed)
+                           cfg.world.max_positions, str(out), cfg.rl_seed, cfg.scheduler)
     track.log_dataset(campaign_run_id, lineage["hard_uri"], f"hard-{stage_name}", "training", lineage)
     create_markdown_artifact(
         f"**hard set for {stage_name}** from `{checkpoint_dir}` (k={lineage['k']})\n\n| problems | count |\n|---|---|\n"

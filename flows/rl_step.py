@@ -37,7 +37,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Cont
                **{k: v for k, v in kept.items() if k != "uri"}, **update}
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         ev = rl.evaluate(ctl, ckpt, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                         str(d / "eval.parquet"))
+                         str(d / "eval.parquet"), cfg.scheduler)
         rl.log_evaluation(ev, experiment_id, mlflow_run_id, ckpt, meta, global_step + 1, cfg.eval.split)
         metrics.update({f"eval_{k}": v for k, v in ev.items()})
     return {"checkpoint": ckpt, **metrics}

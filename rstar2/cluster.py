@@ -34,26 +34,10 @@ def init() -> None:
                  num_cpus=os.cpu_count(), _temp_dir=tmp if len(tmp) < 60 else None)
 
 
-def engine_generate(engines: list, temperature: float, top_p: float):
-    """A rollout GenerateFn that spreads each turn's prompts over the engine actors (round-robin chunks)."""
-
-    def generate(prompts, max_tokens, seeds=None):
-        k = len(engines)
-        seeds = seeds or [None] * len(prompts)
-        futs = [e.generate.remote(prompts[i::k], max_tokens[i::k], temperature, top_p, seeds[i::k])
-                for i, e in enumerate(engines)]
-        parts = ray.get(futs)
-        out = [None] * len(prompts)
-        for i, part in enumerate(parts):
-            out[i::k] = part
-        return out
-
-    return generate
-
-
 class EngineClient:
-    """One engine actor as rstar2.rollout.run_scheduled sees it: `submit` one trajectory-turn, `probe` its stats;
-    both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine at once.
+    """One engine actor as the agent loop (rstar2.agent_loop) sees it: `submit` one trajectory-turn, `probe` its
+    stats; both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine
+    at once.
 
     Turns travel in batches both ways: a sender thread sends whatever was submitted since its last call in one
     `add_turns` call, and while turns are out a collector thread keeps one `collect` in flight (a long poll that

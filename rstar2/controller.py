@@ -19,7 +19,8 @@ from rstar2 import cluster
 from rstar2.cluster import EngineClient
 from rstar2.config import RunCfg
 from rstar2.engine import EngineActor, EngineSpec
-from rstar2.scheduler import LengthEstimator
+from rstar2.agent_loop import EngineSet
+from rstar2.estimator import LengthEstimator
 from rstar2.trainer import PolicyTrainer
 from rstar2.trainer_group import TrainerGroup
 
@@ -90,16 +91,12 @@ class Controller:
 
     # --- engines
 
-    def engine_clients(self, temperature: float, top_p: float) -> tuple[list[EngineClient], list[int]]:
+    def engine_clients(self, temperature: float, top_p: float) -> EngineSet:
         """A client per engine (the agent loop submits turns through them) and each engine's KV capacity in tokens
         (num_gpu_blocks x block_size)."""
         caps = [int(i["kv_capacity_tokens"]) for i in self._engine_info]
-        return [EngineClient(e, temperature, top_p, int(i["block_size"] or 1))
-                for e, i in zip(self.engines, self._engine_info)], caps
-
-    def generate(self, temperature: float, top_p: float):
-        """A per-turn GenerateFn over the engines (rstar2.cluster.engine_generate)."""
-        return cluster.engine_generate(self.engines, temperature, top_p)
+        return EngineSet([EngineClient(e, temperature, top_p, int(i["block_size"] or 1))
+                          for e, i in zip(self.engines, self._engine_info)], caps)
 
     def sync_weights(self, model_dir: str) -> str:
         """Every engine reloads `model_dir` in place (vLLM keeps its KV cache and compiled graphs); nothing to do

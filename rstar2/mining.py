@@ -10,7 +10,8 @@ from pathlib import Path
 import polars as pl
 
 from rstar2 import steps
-from rstar2.config import MiningCfg, RolloutCfg, SandboxCfg
+from rstar2.agent_loop import EngineSet
+from rstar2.config import MiningCfg, RolloutCfg, SandboxCfg, SchedulerCfg
 from rstar2.world.problems import validate
 
 
@@ -35,17 +36,19 @@ def hard_set(problems: pl.DataFrame, scored: pl.DataFrame, k: int) -> tuple[pl.D
     return hard.drop("samples").rename({"solved": "mined_solved"}), counts
 
 
-def mine(generate, checkpoint: str, train_uri: str, cfg: MiningCfg, limits: RolloutCfg, sandbox_cfg: SandboxCfg,
-         max_model_len: int, out_dir: str, seed: int, on_turn=None) -> dict:
-    """Roll out k samples per candidate with `generate` (the engines hold `checkpoint`), write hard.parquet and
-    lineage.json under out_dir; returns the lineage (with the URIs)."""
+def mine(engines: EngineSet, sched_cfg: SchedulerCfg, checkpoint: str, train_uri: str, cfg: MiningCfg,
+         limits: RolloutCfg, sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int,
+         on_done=None) -> dict:
+    """Roll out k samples per candidate through the agent loop on `engines` (they hold `checkpoint`), write
+    hard.parquet and lineage.json under out_dir; returns the lineage (with the URIs)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     problems = candidates(train_uri, cfg.max_problems, seed)
     rolled = str(out / "rollouts.parquet")
     limits = limits.model_copy(update={"temperature": cfg.temperature})
-    info = steps.rollout_to_parquet(generate, checkpoint, problems.select("problem_id", "prompt", "answer").to_dicts(),
-                                    cfg.k, limits, sandbox_cfg, rolled, max_model_len, on_turn, seed=f"mine/{seed}")
+    info = steps.rollout_to_parquet(engines, sched_cfg, checkpoint,
+                                    problems.select("problem_id", "prompt", "answer").to_dicts(), cfg.k, limits,
+                                    sandbox_cfg, rolled, max_model_len, on_done, seed=f"mine/{seed}")
     steps.score(rolled, sandbox_cfg, rolled)
     hard, counts = hard_set(problems, pl.read_parquet(rolled), cfg.k)
     if hard.height == 0:

@@ -17,12 +17,13 @@ import numpy as np
 import polars as pl
 
 from rstar2 import roc, rollout, stats
+from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
+from rstar2.estimator import LengthEstimator
 from rstar2.reward import Verifier
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.sandbox.metrics import summarize
-from rstar2.scheduler import LengthEstimator
 from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
@@ -70,29 +71,24 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
     return df[idx].select("problem_id", "prompt", "answer").to_dicts()
 
 
-def rollout_to_parquet(generate, tokenizer_dir: str, problems: list[dict], n_samples: int, limits: RolloutCfg,
-                       sandbox_cfg: SandboxCfg, out_uri: str, max_model_len: int | None = None, on_turn=None,
-                       scheduled: tuple[list, list[int], SchedulerCfg, LengthEstimator | None] | None = None,
+def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
+                       n_samples: int, limits: RolloutCfg, sandbox_cfg: SandboxCfg, out_uri: str,
+                       max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
                        seed: int | str | None = None) -> dict:
-    """Roll out and write the table. `scheduled` = (engine clients, KV capacities, scheduler config, kv_aware's
-    length estimator carried over from the previous steps or None): the
-    RL step's barrier-free scheduled rollout (on_turn then gets (finished, total)); else `generate`, turn by turn.
-    `seed`: every trajectory-turn samples from a seed of its own (rstar2.rollout.Trajectory.turn_seed), so the table
-    is a function of the seed and the weights, not of scheduling."""
+    """Roll out through the agent loop (rstar2.agent_loop) on `engines` and write the table; on_done(finished,
+    total) after each trajectory. `estimator`: kv_aware's length model carried over from earlier rollouts (None: a
+    fresh one from its prior). `seed`: every trajectory-turn samples from a seed of its own
+    (rstar2.rollout.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
+    scheduling. Returns the rollout's figures and scheduling metrics."""
     tok = load_tokenizer(tokenizer_dir)
     t0 = time.perf_counter()
     lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
-    sched_stats: dict = {}
     sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
-    if scheduled:
-        clients, caps, sched_cfg, est = scheduled
-        trajs, sched_stats = rollout.run_scheduled(clients, caps, sched_cfg, sb or ToolDisabled(), tok, problems,
-                                                   n_samples, lim, on_done=on_turn, estimator=est, seed=seed)
-        sched_stats.pop("sched_failures")
-        sched_stats.pop("sched_policy")
-    else:
-        trajs = rollout.run(generate, sb or ToolDisabled(), tok, problems, n_samples, lim, on_turn=on_turn, seed=seed)
+    loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), tok, lim, estimator=estimator, on_done=on_done)
+    trajs, sched_stats = loop.run(problems, n_samples, seed)
+    sched_stats.pop("sched_failures")
+    sched_stats.pop("sched_policy")
     if sb:
         _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
         _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
@@ -168,17 +164,17 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
     }
 
 
-def evaluate(generate, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg, max_model_len: int,
-             sandbox_cfg: SandboxCfg, out_uri: str, on_turn=None) -> dict:
+def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg,
+             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None) -> dict:
     """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
-    its standard error and pass@k (eval_stats)."""
+    its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step."""
     df = validate(pl.read_parquet(problems_uri))
     if cfg.n_problems:
         df = df.head(cfg.n_problems)
     limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
                         max_response_tokens=cfg.max_response_tokens)
-    info = rollout_to_parquet(generate, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
-                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_turn, seed=f"eval/{cfg.seed}")
+    info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
+                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
     scored = score(out_uri, sandbox_cfg, out_uri)
     return {**eval_stats(out_uri), "eval_s": info["rollout_s"], **scored}
 

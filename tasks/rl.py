@@ -57,12 +57,11 @@ def rollout(ctl: Controller, tokenizer_dir: str, problems_uri: str, step: int, p
             limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str,
             sched_cfg: SchedulerCfg) -> dict:
     """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}."""
-    clients, caps = ctl.engine_clients(limits.temperature, limits.top_p)
+    engines = ctl.engine_clients(limits.temperature, limits.top_p)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
     with bar(f"rollout step {step + 1}") as progress:
-        info = steps.rollout_to_parquet(None, tokenizer_dir, problems, samples, limits, sandbox_cfg, out_uri,
-                                        max_model_len, on_turn=progress,
-                                        scheduled=(clients, caps, sched_cfg, ctl.estimator),
+        info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits, sandbox_cfg,
+                                        out_uri, max_model_len, on_done=progress, estimator=ctl.estimator,
                                         seed=f"{seed}/step{step}")
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
@@ -146,7 +145,7 @@ def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id:
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
 @costs.work
 def evaluate(ctl: Controller, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
-             sandbox_cfg: SandboxCfg, out_uri: str) -> dict:
+             sandbox_cfg: SandboxCfg, out_uri: str, sched_cfg: SchedulerCfg) -> dict:
     """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines). Its result is written next to
     the samples and reused by a retried run, so a finished evaluation is never redone."""
     done = Path(out_uri).with_suffix(".json")
@@ -154,10 +153,10 @@ def evaluate(ctl: Controller, model_dir: str, problems_uri: str, eval_cfg: EvalC
         res = json.loads(done.read_text())["result"]
         # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
-    gen = ctl.generate(eval_cfg.temperature, 1.0)
+    engines = ctl.engine_clients(eval_cfg.temperature, 1.0)
     with bar("evaluate") as progress:
-        res = steps.evaluate(gen, model_dir, problems_uri, eval_cfg, max_model_len, sandbox_cfg, out_uri,
-                             on_turn=lambda turn, live: progress(turn, eval_cfg.max_turns))
+        res = steps.evaluate(engines, sched_cfg, model_dir, problems_uri, eval_cfg, max_model_len,
+                             sandbox_cfg, out_uri, on_done=progress)
     ckpt.write_atomic(done, json.dumps({"model_dir": model_dir, "result": res}))
     return res
 
@@ -186,16 +185,17 @@ def trajectory_samples(scored_uri: str, key: str, seed: int) -> str:
 @task(name="mine-hard", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
 @costs.work
 def mine_hard(ctl: Controller, checkpoint_dir: str, train_uri: str, cfg: MiningCfg, limits: RolloutCfg,
-              sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int) -> dict:
+              sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int,
+              sched_cfg: SchedulerCfg) -> dict:
     """Sample k rollouts per training problem with `checkpoint_dir` (loaded in the engines); commit the hard set."""
     if not ckpt.is_committed(Path(out_dir)):  # a retried run reuses a committed hard set
         ctl.sync_weights(checkpoint_dir)
-        gen = ctl.generate(cfg.temperature, 1.0)
+        engines = ctl.engine_clients(cfg.temperature, 1.0)
 
         def write(tmp: Path) -> None:
             with bar("mine hard problems") as progress:
-                mining.mine(gen, checkpoint_dir, train_uri, cfg, limits, sandbox_cfg, max_model_len, str(tmp), seed,
-                            on_turn=lambda turn, live: progress(turn, limits.max_turns))
+                mining.mine(engines, sched_cfg, checkpoint_dir, train_uri, cfg, limits, sandbox_cfg,
+                            max_model_len, str(tmp), seed, on_done=progress)
 
         ckpt.commit(Path(out_dir), write, {"kind": "hard-set", "checkpoint": checkpoint_dir})
     return mining.read_lineage(out_dir)

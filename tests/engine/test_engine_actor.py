@@ -83,6 +83,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     import signal
 
     from rstar2 import rollout, steps
+    from rstar2.agent_loop import AgentLoop, EngineSet
     from rstar2.config import SchedulerCfg
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
@@ -103,11 +104,11 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
                 stopped.append(infos[1]["pid"])
 
         problems = steps.select_prompts(world["train"], 0, 8, 0)
-        trajs, stats = rollout.run_scheduled(
-            clients, [i["kv_capacity_tokens"] for i in infos], SchedulerCfg(hang_timeout_s=4, probe_interval_s=0.5),
-            steps.sandbox(cfg.sandbox), tok, problems, 8, rollout.RolloutLimits(max_turns=2, max_response_tokens=200,
-                                                                              max_model_len=512),
-            policy="round_robin", on_done=freeze)
+        loop = AgentLoop(EngineSet(clients, [i["kv_capacity_tokens"] for i in infos]),
+                         SchedulerCfg(hang_timeout_s=4, probe_interval_s=0.5), steps.sandbox(cfg.sandbox), tok,
+                         rollout.RolloutLimits(max_turns=2, max_response_tokens=200, max_model_len=512),
+                         policy="round_robin", on_done=freeze)
+        trajs, stats = loop.run(problems, 8)
         assert stopped and stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
         assert "hang" in stats["sched_failures"][0]["error"]
         assert sorted((t.problem_id, t.sample_idx) for t in trajs) == sorted(

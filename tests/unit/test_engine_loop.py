@@ -127,7 +127,7 @@ def test_a_broken_step_fails_every_request_clearly():
 
 
 def test_a_stuck_step_still_answers_probes_with_frozen_progress():
-    """What run_scheduled's hang detection relies on: while the engine thread is stuck in a step, stats() answers
+    """What the agent loop's hang detection relies on: while the engine thread is stuck in a step, stats() answers
     at once, and its step counter stands still."""
     gate = threading.Event()
     toy = Toy()

@@ -1,5 +1,6 @@
-"""The agent loop's logic around the engine: a scripted policy stands in for vLLM here (the real engine runs in
-the end-to-end flow test); the sandbox is the real one."""
+"""The agent loop (rstar2.agent_loop) and the trajectory's turns (rstar2.rollout): a scripted policy on a
+continuous-batching stand-in engine replaces vLLM here (the real engine runs in tests/engine and the end-to-end flow
+test); the sandbox is the real one."""
 
 import re
 import threading
@@ -12,6 +13,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rstar2 import rollout, template as T
+from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.config import SchedulerCfg
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +49,10 @@ ANSWER = "\ndone\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.
 
 
 def run(tok, service, script, **limits):
-    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    return {t.problem_id: t for t in rollout.run(scripted(tok, script), service, tok, problems, 1,
-                                                 rollout.RolloutLimits(**limits))}
+    """One sample per scripted problem through the agent loop on one stand-in engine, by problem id."""
+    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script))], samples=1,
+                         policy="least_requests", **limits)
+    return {t.problem_id: t for t in trajs}
 
 
 def test_tool_turn_masks_and_statuses(tok, service):
@@ -85,7 +89,7 @@ def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
 
 
 class FakeEngine:
-    """A continuous-batching engine stand-in for run_scheduled: every submitted turn is answered by the script on
+    """A continuous-batching engine stand-in for the agent loop: every submitted turn is answered by the script on
     its own thread after `delay(prompt)` seconds (no batch barrier); it can die or hang after some calls."""
 
     def __init__(self, gen, delay=lambda prompt: 0.005, die_after=None, hang_after=None):
@@ -127,13 +131,11 @@ class FakeEngine:
 
 
 def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
-              **limits):
-    from rstar2.config import SchedulerCfg
-
+              on_done=None, **limits):
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    return rollout.run_scheduled(engines, [10_000] * len(engines), cfg or SchedulerCfg(), service, tok, problems,
-                                 samples, rollout.RolloutLimits(**limits), policy=policy, seed=seed,
-                                 estimator=estimator)
+    loop = AgentLoop(EngineSet(engines, [10_000] * len(engines)), cfg or SchedulerCfg(), service, tok,
+                     rollout.RolloutLimits(**limits), policy, estimator, on_done)
+    return loop.run(problems, samples, seed)
 
 
 def assert_exactly_once(trajs, script, samples):
@@ -144,12 +146,15 @@ def assert_exactly_once(trajs, script, samples):
 
 
 @pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
-def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
+def test_every_policy_rolls_out_the_same_trajectories(tok, service, policy):
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
     gen = scripted(tok, script)
     engines = [FakeEngine(gen), FakeEngine(gen)]
-    trajs, stats = run_sched(tok, service, script, engines, policy=policy, max_turns=5, max_response_tokens=2000)
+    done = []
+    trajs, stats = run_sched(tok, service, script, engines, policy=policy, max_turns=5, max_response_tokens=2000,
+                             on_done=lambda n, total: done.append((n, total)))
     ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
+    assert done == [(n, 9) for n in range(1, 10)]
     prios = Counter(p for e in engines for p in e.priorities)  # of every turn sent
     if policy == "kv_aware":  # its trajectory's start order: 0..8, the same for all of one trajectory's turns
         assert set(prios) == set(range(9)) and sorted(prios.values()) == sorted([2, 3, 1] * 3)
@@ -165,13 +170,12 @@ def test_scheduled_rollout_matches_the_turn_by_turn_loop(tok, service, policy):
 
 
 def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(tok, service):
-    """Each trajectory-turn samples from a seed of its own: the turn-by-turn loop, every policy, one or two engines,
-    jittered timing and an engine dying mid-rollout all give the same trajectories; another seed gives others."""
+    """Each trajectory-turn samples from a seed of its own: every policy, one or two engines, jittered timing and an
+    engine dying mid-rollout all give the same trajectories; another seed gives others."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
     gen = scripted(tok, script)
-    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    ref = rollout.run(gen, service, tok, problems, 3, rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
-                      seed=7)
+    ref = run_sched(tok, service, script, [FakeEngine(gen)], policy="least_requests", seed=7, max_turns=5,
+                    max_response_tokens=2000)[0]
     key = lambda trajs: {(t.problem_id, t.sample_idx): t.response_ids for t in trajs}  # noqa: E731
     jitter = lambda p: 0.001 * (sum(p) % 7)  # noqa: E731
     runs = [run_sched(tok, service, script, engines, policy=policy, seed=7, max_turns=5, max_response_tokens=2000)[0]
@@ -196,9 +200,8 @@ def test_turn_requests_are_the_turns_the_loop_sent(tok, service):
         sent.extend(zip(map(list, prompts), max_tokens, seeds))
         return gen(prompts, max_tokens, seeds)
 
-    problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    trajs = rollout.run(logged, service, tok, problems, 2, rollout.RolloutLimits(max_turns=5, max_response_tokens=2000),
-                        seed=3)
+    trajs, _ = run_sched(tok, service, script, [FakeEngine(logged)], samples=2, seed=3, max_turns=5,
+                         max_response_tokens=2000)
     rebuilt = [r for t in trajs for r in t.turn_requests()]
     assert sorted(rebuilt) == sorted(sent) and len(sent) == 2 * (2 + 3 + 1)
     assert [len(t.turn_requests()) for t in trajs] == [t.num_turns for t in trajs]
@@ -231,8 +234,6 @@ def test_scheduled_rollout_survives_an_engine_failure(tok, service):
 def test_a_hung_engine_is_declared_dead_and_its_trajectories_requeued(tok, service, policy):
     """Engine 1 stops answering turns after its third (its probes still answer, but its step counter stands
     still): after hang_timeout_s it is dead, its trajectories resume on engine 0, each finishes exactly once."""
-    from rstar2.config import SchedulerCfg
-
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
     gen = scripted(tok, script)
     cfg = SchedulerCfg(hang_timeout_s=0.4, probe_interval_s=0.05)
@@ -245,8 +246,6 @@ def test_a_hung_engine_is_declared_dead_and_its_trajectories_requeued(tok, servi
 
 
 def test_an_engine_that_answers_no_probe_is_dead(tok, service):
-    from rstar2.config import SchedulerCfg
-
     script = {"zqa": [CALL, ANSWER]}
     gen = scripted(tok, script)
     mute = FakeEngine(gen, hang_after=0)

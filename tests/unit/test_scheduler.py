@@ -1,12 +1,14 @@
-"""Invariants of rstar2.scheduler under random protocol traffic: never over budget, sticky, exactly once (also after
-engine failures), release on error/cancel frees the engine; and the simulator conserves work."""
+"""Invariants of rstar2.scheduler under random protocol traffic (every policy, the simulator's oracles included): never
+over budget, sticky, exactly once (also after engine failures), release on error/cancel frees the engine; the
+SchedulerSession's protocol on hand-worked event sequences; and the simulator conserves work."""
 
 import numpy as np
 import pytest
 
 from rstar2.config import SchedulerCfg
-from rstar2.rollout_sim import STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
-from rstar2.scheduler import POLICIES, LengthEstimator, Scheduler, SchedulerError
+from bench.rollout_sim import SIM_POLICIES, STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
+from rstar2.estimator import LengthEstimator
+from rstar2.scheduler import END, TOOL, TURN, Scheduler, SchedulerError, SchedulerSession
 
 CFG = SchedulerCfg(max_inflight=8, oversubscribe=1.0, probes_per_prompt=1)
 
@@ -14,7 +16,7 @@ CFG = SchedulerCfg(max_inflight=8, oversubscribe=1.0, probes_per_prompt=1)
 def _drive(policy: str, seed: int, fail_at: int | None = None):
     """Random traffic: 6 prompts x 5 rollouts on 3 engines; turns grow lengths; some end in error/cancel."""
     rng = np.random.default_rng(seed)
-    s = Scheduler([4000, 4000, 4000], CFG, policy)
+    s = Scheduler([4000, 4000, 4000], CFG, SIM_POLICIES[policy])
     known = {}
     for tid in range(30):
         known[tid] = int(rng.integers(50, 1500))
@@ -66,7 +68,7 @@ def _drive(policy: str, seed: int, fail_at: int | None = None):
     return s, released
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", SIM_POLICIES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_trajectory_finishes_exactly_once(policy, seed):
     s, released = _drive(policy, seed)
@@ -74,7 +76,7 @@ def test_every_trajectory_finishes_exactly_once(policy, seed):
     assert all(v.inflight == set() and v.prompts == 0 and not v.load.any() for v in s.engines)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", SIM_POLICIES)
 def test_engine_failure_requeues_and_still_exactly_once(policy):
     s, released = _drive(policy, 3, fail_at=2)
     assert sorted(released) == list(range(30))
@@ -99,6 +101,8 @@ def test_second_release_and_unknown_are_errors():
         s.release(0, "lost", 1.0)
     with pytest.raises(ValueError, match="unknown scheduling policy"):
         Scheduler([1000], CFG, "fastest")
+    with pytest.raises(ValueError, match="unknown scheduling policy"):
+        Scheduler([1000], CFG, "oracle")  # the clairvoyant ones are the simulator's (bench.rollout_sim)
 
 
 def test_error_and_cancel_release_the_reservation():
@@ -341,7 +345,7 @@ def test_simulated_vllm_preempts_by_priority_or_newest():
     """The simulated engine's overflow victim: FCFS preempts the sequence admitted last (vLLM V1's default),
     priority scheduling the largest (priority, admission order), which goes back to the waiting queue in priority
     order, not to its front."""
-    from rstar2.rollout_sim import SimEngine, _Req
+    from bench.rollout_sim import SimEngine, _Req
 
     def overflowing(by_priority: bool) -> SimEngine:
         en = SimEngine(Hardware(capacity=400), by_priority)
@@ -366,7 +370,7 @@ def test_simulated_vllm_reports_usage_as_vllm_does():
     """The simulated engine tells the scheduler what vLLM's stats would: a sequence waiting on a tool keeps its KV
     only as evictable prefix cache, which vLLM's block pool counts as free, so usage drops when its turn ends; its
     cache still takes room (an admission must evict it first)."""
-    from rstar2.rollout_sim import SimEngine, _Req
+    from bench.rollout_sim import SimEngine, _Req
 
     en = SimEngine(Hardware(capacity=1000))
     en.submit(_Req(0, 0, 100, 100, 0, 50))
@@ -379,3 +383,49 @@ def test_simulated_vllm_reports_usage_as_vllm_does():
     en.submit(_Req(1, 1, 960, 960, 0, 10))  # needs the cached 50 tokens' room: evicts them
     en.admit()
     assert en.evictions == 1 and en.cached_kv == 0 and en.preemptions == 0
+
+
+def test_session_orders_the_protocol_by_hand():
+    """Two engines, one trajectory each at a time (least_requests, max_inflight 1), three trajectories:
+    0 leaves for a tool and keeps engine 0 (sticky), 1 ends and engine 1 takes 2, whose broken call gets a reply at
+    once (its next turn goes in now); engine 0 dies while 0 is at its tool, 0's reply comes in while it waits in
+    the queue, and once 2 ends 0 resumes on engine 1 with its reply in: sent at once."""
+    s = SchedulerSession(Scheduler([1000, 1000], SchedulerCfg(max_inflight=1), "least_requests"))
+    for tid in range(3):
+        s.submit(tid, f"p{tid}", 10, 100, 0.0)
+    assert s.placements(0.0) == [(0, 0), (1, 1)]
+    assert not s.turn_done(0, 0, 1.0, 20, 1, TOOL, (0.1, 0))
+    assert s.placements(1.0) == [] and s.engine_of(0) == 0
+    assert not s.turn_done(1, 1, 2.0, 30, 1, END, (0.0, 0))
+    assert s.placements(2.0) == [(2, 1)]
+    assert s.turn_done(2, 1, 3.0, 25, 1, TURN, (0.1, 0))  # a reply known without running code: next turn now
+    assert s.engine_failed(0, 4.0) == [0]
+    assert s.placements(4.0) == [] and s.engine_of(0) is None  # engine 1 is full
+    assert not s.tool_done(0, 5.0, 40, 1, ended=False)  # queued: its turn goes in when it is placed
+    assert not s.turn_done(2, 1, 6.0, 50, 2, END, (0.0, 0))
+    assert s.placements(6.0) == [(0, 1)]
+    assert s.sched.trajs[0].response_len == 40  # its reply counted
+    assert not s.turn_done(0, 1, 7.0, 60, 2, END)
+    assert s.done and s.finish()["requeued"] == 1
+    assert s.sched.estimator.samples == 3  # every finished trajectory's length joins the estimate at finish()
+
+
+def test_session_a_trajectory_requeued_at_its_tool_is_placed_but_sent_only_with_its_reply():
+    """Engine 0 dies while 0 is at its tool; engine 1 is free: 0 is placed there at once, away (its KV is the
+    tool-waiting kind), and its turn goes in when the reply does. A reply that does not fit ends it."""
+    s = SchedulerSession(Scheduler([1000, 1000], SchedulerCfg(kv_z=0.0, probes_per_prompt=1), "kv_aware"))
+    for tid in range(2):
+        s.submit(tid, "p", 10, 100, 0.0)
+    placed = dict(s.placements(0.0))
+    assert set(placed) == {0, 1}
+    zero_on, one_on = placed[0], placed[1]
+    assert not s.turn_done(0, zero_on, 1.0, 20, 1, TOOL, (0.05, 0))
+    assert not s.turn_done(1, one_on, 1.0, 20, 1, TOOL, (0.0, 0))
+    s.engine_failed(zero_on, 2.0)
+    assert s.placements(2.0) == []  # placed, not sent: away
+    assert s.engine_of(0) is not None and s.sched.trajs[0].away_kv is not None
+    assert s.tool_done(0, 3.0, 30, 1, ended=False)  # now its turn goes in, to engine_of(0)
+    assert s.sched.trajs[0].away_kv is None
+    assert not s.tool_done(1, 3.0, 20, 1, ended=True)  # 1's reply did not fit: it ended
+    assert not s.turn_done(0, s.engine_of(0), 4.0, 50, 2, END, (0.0, 0))
+    assert s.done

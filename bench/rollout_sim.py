@@ -1,6 +1,8 @@
-"""A discrete-event simulator of one rollout step on many vLLM engines, driven by the *same* `rstar2.scheduler`
-code as the real agent loop: it answers how the policies compare at the paper's scale (64 engines, 512 x 32
-trajectories), which this machine cannot run.
+"""A discrete-event simulator of one rollout step on many vLLM engines, driven through the *same*
+`rstar2.scheduler.SchedulerSession` as the real agent loop: it answers how the policies compare at the paper's scale
+(64 engines, 512 x 32 trajectories), which this machine cannot run. It adds two clairvoyant policies that know every
+trajectory's final length, as references: `oracle` (late binding, longest first, admitted while the engine's true
+future KV fits) and `oracle_static` (longest-processing-time-first balance at t=0).
 
 Engine model (one engine = one vLLM instance), as in the planning report (shared/reference/
 scheduler-simulation.md §1.1), with vLLM's semantics:
@@ -38,7 +40,81 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rstar2.config import SchedulerCfg
-from rstar2.scheduler import LengthEstimator, Scheduler
+from rstar2.estimator import LengthEstimator
+from rstar2.policies import POLICIES, EarlyBinding, Policy, most_room
+from rstar2.scheduler import END, TOOL, Scheduler, SchedulerSession
+
+
+# ---- the clairvoyant policies ---------------------------------------------------------------------------------
+def known_footprint(length: int, final: int, h: np.ndarray) -> np.ndarray:
+    """The footprint of a trajectory whose final length is known: length + h tokens while it runs, then none."""
+    fp = np.zeros((2, len(h)))
+    fp[0] = (length + h) * (length + h < final)
+    return fp
+
+
+class Oracle(Policy):
+    """Longest known length first, to the engine with the most room where its true footprint fits its KV capacity
+    (a few shorter ones are tried when the longest fits nowhere); nothing fits: wait for a release."""
+
+    name = "oracle"
+    oversubscribes = False
+    needs_lengths = True
+    SCAN = 2
+
+    def __init__(self, s):
+        super().__init__(s)
+        self._by_len: list[tuple[int, int]] = []  # (prompt + final length, tid), sorted
+
+    def __len__(self) -> int:
+        return len(self._by_len)
+
+    def push(self, tv) -> None:
+        bisect.insort(self._by_len, (tv.prompt_len + tv.known_len, tv.tid))
+
+    requeue = push
+
+    def remove(self, tv) -> None:
+        self._by_len.remove((tv.prompt_len + tv.known_len, tv.tid))
+
+    def footprint(self, tv) -> np.ndarray:
+        return known_footprint(tv.response_len, tv.known_len, self.s.grid)
+
+    def pick(self) -> list[tuple[int, int]]:
+        s, picks = self.s, []
+        while self._by_len:
+            for i in range(len(self._by_len) - 1, max(-1, len(self._by_len) - 1 - self.SCAN), -1):
+                tv = s.trajs[self._by_len[i][1]]
+                fp = self.footprint(tv)
+                e = most_room(s, tv, fp)
+                if e is not None:
+                    self._by_len.pop(i)
+                    picks.append((tv.tid, e))
+                    s.place(tv, e, fp)
+                    break
+            else:
+                break
+        return picks
+
+
+class OracleStatic(EarlyBinding):
+    """Longest-processing-time-first balance of the known lengths at t=0, longest first on each engine."""
+
+    name = "oracle_static"
+    oversubscribes = False
+    needs_lengths = True
+
+    def assign(self, ids, alive):
+        load, picks = [(0, e) for e in alive], []
+        for t in sorted(ids, key=lambda t: -self.s.trajs[t].known_len):
+            w, e = heapq.heappop(load)
+            picks.append((t, e))
+            heapq.heappush(load, (w + self.s.trajs[t].known_len, e))
+        return picks
+
+
+ORACLES: dict[str, type[Policy]] = {p.name: p for p in (Oracle, OracleStatic)}
+SIM_POLICIES: dict[str, type[Policy]] = {**POLICIES, **ORACLES}
 
 
 # ---- hardware and workload models ---------------------------------------------------------------------------
@@ -387,35 +463,47 @@ class SimResult:
 
 def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: SchedulerCfg,
              estimator: LengthEstimator | None = None) -> SimResult:
-    """One rollout step of workload `wl` on `engines` identical engines under `policy` (same Scheduler code)."""
-    n = len(wl.group)
-    sched = Scheduler([hw.capacity] * engines, cfg, policy, estimator)
-    resp_total = wl.response_len
-    for tid in range(n):
-        sched.submit(tid, str(wl.group[tid]), int(wl.prompt_len[tid]), wl.cap, 0.0, known_len=int(resp_total[tid]))
-    eng = [SimEngine(hw, sched.uses_priority) for _ in range(engines)]
-    turn = np.zeros(n, dtype=int)
-    resp = np.zeros(n, dtype=int)
-    events: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, a, b)
-    seq = 0
-    version = [0] * engines
-    ENGINE, TOOL = 0, 1
+    """One rollout step of workload `wl` on `engines` identical engines under `policy` (a name in SIM_POLICIES),
+    through the same SchedulerSession as the agent loop."""
+    return _Sim(wl, hw, engines, policy, cfg, estimator).run()
 
-    def push(t, kind, a, b):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, seq, kind, a, b))
 
-    def plan(e):
+class _Sim:
+    """The event loop of `simulate`: engine events (a turn ends, KV runs out) and tool replies, in time order."""
+
+    ENGINE, TOOL_BACK = 0, 1
+
+    def __init__(self, wl: Workload, hw: Hardware, engines: int, policy: str, cfg: SchedulerCfg,
+                 estimator: LengthEstimator | None):
+        self.wl, self.hw, self.policy = wl, hw, policy
+        self.session = SchedulerSession(Scheduler([hw.capacity] * engines, cfg, SIM_POLICIES[policy], estimator))
+        n = len(wl.group)
+        resp_total = wl.response_len
+        for tid in range(n):
+            self.session.submit(tid, str(wl.group[tid]), int(wl.prompt_len[tid]), wl.cap, 0.0,
+                                known_len=int(resp_total[tid]))
+        self.eng = [SimEngine(hw, self.session.uses_priority) for _ in range(engines)]
+        self.turn = np.zeros(n, dtype=int)
+        self.resp = np.zeros(n, dtype=int)
+        self.events: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, a, b)
+        self.seq = 0
+        self.version = [0] * engines
+        self.done_times: list[float] = []
+
+    def push(self, t: float, kind: int, a: int, b: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, a, b))
+
+    def plan(self, e: int) -> None:
         """(Re)schedule engine e's next internal event."""
-        version[e] += 1
-        k = eng[e].steps_to_next_event()
+        self.version[e] += 1
+        k = self.eng[e].steps_to_next_event()
         if k is not None:
-            push(eng[e].clock + eng[e].time_for(k), ENGINE, e, version[e])
+            self.push(self.eng[e].clock + self.eng[e].time_for(k), self.ENGINE, e, self.version[e])
 
-    def arrive(e, req, t):
+    def arrive(self, e: int, req: _Req, t: float) -> None:
         """A request reaches engine e at time t: it joins at the first step boundary at or after t."""
-        en = eng[e]
+        en = self.eng[e]
         if not en.running:
             en.clock = max(en.clock, t)
         elif en.clock < t and not en.prefill_next:
@@ -426,62 +514,70 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
         en.submit(req)
         if en.clock >= t:
             en.admit()
-        plan(e)
+        self.plan(e)
 
-    def start(picks, t):
-        for tid, e in picks:
+    def start(self, t: float) -> None:
+        wl = self.wl
+        for tid, e in self.session.placements(t):
             p = int(wl.prompt_len[tid])
-            arrive(e, _Req(tid, int(wl.group[tid]), p, p, 0, wl.decode[tid][0], sched.priority(tid)), t)
+            self.arrive(e, _Req(tid, int(wl.group[tid]), p, p, 0, wl.decode[tid][0], self.session.priority(tid)), t)
 
-    done_times = []
-    start(sched.dispatch(0.0), 0.0)
-    while events:
-        t, _, kind, a, b = heapq.heappop(events)
-        if kind == ENGINE:
-            if b != version[a]:
-                continue
-            en = eng[a]
-            ended = en.advance(en.steps_to_next_event())
-            t = en.clock
-            for tid in ended:
-                j = turn[tid]
-                resp[tid] += wl.decode[tid][j]
-                last = j == len(wl.decode[tid]) - 1
-                en.finish_turn(tid, keep_cache=not last)
-                sched.progress(tid, int(resp[tid]), j + 1)
-                if not last:
-                    sched.at_tool(tid, True)  # vLLM now holds its KV as evictable cache only
-                # what a real engine reports: vLLM counts preemptions, not prefix-cache evictions
-                sched.observe_engine(a, t, en.usage, en.preemptions)
-                if last:
-                    sched.release(tid, "finished", t)
-                    done_times.append(t)
-                else:
-                    push(t + wl.tool_s[tid][j], TOOL, tid, a)
-            en.admit()
-            plan(a)
-            if ended:
-                start(sched.dispatch(t), t)
-        else:  # a tool result is back: the trajectory's next turn goes to its engine (sticky)
-            tid, e = a, b
-            j = turn[tid]
-            before = int(wl.prompt_len[tid]) + int(resp[tid])
-            resp[tid] += wl.tool_out[tid][j]
-            turn[tid] = j + 1
-            p = int(wl.prompt_len[tid])
-            sched.at_tool(tid, False)
-            arrive(e, _Req(tid, int(wl.group[tid]), p, before + wl.tool_out[tid][j], before, wl.decode[tid][j + 1],
-                           sched.priority(tid)), t)
-    if not sched.done:
-        raise RuntimeError("simulation ended with unfinished trajectories (a scheduler or engine model bug)")
-    makespan = max(done_times)
-    busy = [en.busy_s for en in eng]
-    summ = sched.summary()
-    return SimResult(policy, makespan, makespan - float(np.quantile(done_times, 0.95)),
-                     1 - sum(busy) / (engines * makespan), sum(en.decoded for en in eng),
-                     sum(en.recomputed for en in eng), sum(en.preemptions for en in eng),
-                     sum(en.evictions for en in eng), sum(en.batch_s for en in eng) / (engines * makespan), busy,
-                     summ["queue_wait_mean_s"])
+    def run(self) -> SimResult:
+        self.start(0.0)
+        while self.events:
+            t, _, kind, a, b = heapq.heappop(self.events)
+            if kind == self.ENGINE:
+                if b == self.version[a]:
+                    self.engine_event(a)
+            else:
+                self.tool_back(t, a, b)
+        return self.result()
+
+    def engine_event(self, e: int) -> None:
+        wl, en = self.wl, self.eng[e]
+        ended = en.advance(en.steps_to_next_event())
+        t = en.clock
+        for tid in ended:
+            j = self.turn[tid]
+            self.resp[tid] += wl.decode[tid][j]
+            last = j == len(wl.decode[tid]) - 1
+            en.finish_turn(tid, keep_cache=not last)  # off to a tool: its KV stays as evictable cache
+            # what a real engine reports: vLLM counts preemptions, not prefix-cache evictions
+            self.session.turn_done(tid, e, t, int(self.resp[tid]), j + 1, END if last else TOOL,
+                                   (en.usage, en.preemptions))
+            if last:
+                self.done_times.append(t)
+            else:
+                self.push(t + wl.tool_s[tid][j], self.TOOL_BACK, tid, e)
+        en.admit()
+        self.plan(e)
+        if ended:
+            self.start(t)
+
+    def tool_back(self, t: float, tid: int, e: int) -> None:
+        """A tool result is back: the trajectory's next turn goes to its engine (sticky)."""
+        wl = self.wl
+        j = self.turn[tid]
+        before = int(wl.prompt_len[tid]) + int(self.resp[tid])
+        self.resp[tid] += wl.tool_out[tid][j]
+        self.turn[tid] = j + 1
+        p = int(wl.prompt_len[tid])
+        if self.session.tool_done(tid, t, int(self.resp[tid]), j + 1, ended=False):
+            self.arrive(e, _Req(tid, int(wl.group[tid]), p, before + wl.tool_out[tid][j], before,
+                                wl.decode[tid][j + 1], self.session.priority(tid)), t)
+
+    def result(self) -> SimResult:
+        if not self.session.done:
+            raise RuntimeError("simulation ended with unfinished trajectories (a scheduler or engine model bug)")
+        eng, engines = self.eng, len(self.eng)
+        makespan = max(self.done_times)
+        busy = [en.busy_s for en in eng]
+        summ = self.session.finish()
+        return SimResult(self.policy, makespan, makespan - float(np.quantile(self.done_times, 0.95)),
+                         1 - sum(busy) / (engines * makespan), sum(en.decoded for en in eng),
+                         sum(en.recomputed for en in eng), sum(en.preemptions for en in eng),
+                         sum(en.evictions for en in eng), sum(en.batch_s for en in eng) / (engines * makespan), busy,
+                         summ["queue_wait_mean_s"])
 
 
 def bounds(wl: Workload, hw: Hardware, engines: int) -> dict:
@@ -530,7 +626,7 @@ def scenarios(engines: int = 64, prompts: int = 512) -> list[Scenario]:
             s("s2_12K_C750K", "s2", 750_000), s("s3_12K_C750K", "s3", 750_000), s("s3_12K_C400K", "s3", 400_000)]
 
 
-BENCH_POLICIES = ("oracle", "oracle_static", "static", "round_robin", "least_requests", "kv_aware")
+BENCH_POLICIES = ("oracle", "oracle_static", "static", "round_robin", "least_requests", "kv_aware")  # in tables
 
 
 def run_scenario(sc: Scenario, seed: int, icc_value: float, cfg: SchedulerCfg,
@@ -600,7 +696,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-SHIPPED_LENGTHS = str(Path(__file__).resolve().parents[1] / "bench" / "data" / "rollout" / "lengths.parquet")
+SHIPPED_LENGTHS = str(Path(__file__).parent / "data" / "rollout" / "lengths.parquet")
 
 
 def measured_icc(paths: list[str]) -> dict:
