@@ -173,6 +173,16 @@ class Policy:
     def pick(self) -> list[tuple[int, int]]:
         raise NotImplementedError
 
+    def fill_least_loaded(self, open_engines) -> list[tuple[int, int]]:
+        """Queue head to the engine of `open_engines()` with the fewest turns in flight, until the queue or the open
+        engines run out; returns (tid, engine) in placement order."""
+        s, picks = self.s, []
+        while self.queue and (open_ := open_engines()):
+            e = min(open_, key=lambda i: len(s.engines[i].inflight))
+            picks.append((self.queue.pop(), e))
+            s.place(s.trajs[picks[-1][0]], e)
+        return picks
+
     def footprint(self, tv) -> np.ndarray | None:
         return None
 
@@ -200,11 +210,7 @@ class EarlyBinding(Policy):
             picks = self.assign([self.queue.pop() for _ in range(len(self.queue))], alive)
             for tid, e in picks:
                 s.place(s.trajs[tid], e)
-        while self.queue:
-            e = min(alive, key=lambda i: len(s.engines[i].inflight))
-            picks.append((self.queue.pop(), e))
-            s.place(s.trajs[picks[-1][0]], e)
-        return picks
+        return picks + self.fill_least_loaded(lambda: alive)
 
 
 class Static(EarlyBinding):
@@ -233,15 +239,9 @@ class LeastRequests(Policy):
     name = "least_requests"
 
     def pick(self) -> list[tuple[int, int]]:
-        s, picks = self.s, []
-        while self.queue:
-            open_ = [i for i, v in enumerate(s.engines) if v.alive and len(v.inflight) < s.cfg.max_inflight]
-            if not open_:
-                break
-            e = min(open_, key=lambda i: len(s.engines[i].inflight))
-            picks.append((self.queue.pop(), e))
-            s.place(s.trajs[picks[-1][0]], e)
-        return picks
+        s = self.s
+        return self.fill_least_loaded(
+            lambda: [i for i, v in enumerate(s.engines) if v.alive and len(v.inflight) < s.cfg.max_inflight])
 
 
 class KvAware(Policy):
