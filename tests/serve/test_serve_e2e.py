@@ -73,8 +73,10 @@ class Serve:
         return started
 
 
-def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
-    """SIGTERM while the campaign trains, then a second `serve` retries it to completion; SIGINT stops that one."""
+@pytest.mark.parametrize("interrupt, then", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path, interrupt, then):
+    """`interrupt` while the campaign trains, then a second `serve` retries it to completion; `then` stops that one."""
     # a short home: Ray's AF_UNIX socket paths under it must stay below 108 bytes
     home, runs = Path(tempfile.mkdtemp(prefix="rs2-", dir="/tmp")), tmp_path / "runs"
     params = {"params": {"preset": "tiny", "overrides": SMOKE + [f"out_dir={runs}"], "run_name": "svc"}}
@@ -91,10 +93,10 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
                 return list(run.glob("checkpoints/*/step-*/COMMITTED.json"))
             _until("the first checkpoint", first_checkpoint, 1800, 5)
     except BaseException:
-        first.stop(signal.SIGTERM)  # a failed test leaves no servers behind either
+        first.stop(interrupt)  # a failed test leaves no servers behind either
         raise
     t0 = time.monotonic()
-    started = first.stop(signal.SIGTERM)
+    started = first.stop(interrupt)
     assert time.monotonic() - t0 < BOUND_S
     left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
@@ -120,7 +122,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
         model = client.search_logged_models([exp], f"tags.`rstar2.checkpoint` = '{newest}'")
         assert "eval_pass1" in {m.key for m in model[0].metrics}
     finally:
-        started = second.stop(signal.SIGINT)
+        started = second.stop(then)
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert services.port_holder(second.pp) is None and services.port_holder(second.mp) is None
 
