@@ -261,7 +261,8 @@ def test_the_scheduler_hears_each_turn_as_it_ends(tok, service, monkeypatch):
     """The scheduler gets a trajectory's length the moment a turn ends: when it leaves for a tool, its footprint holds
     the turn just generated (the KV vLLM keeps cached for it), and when it finishes, the length estimate learns its
     whole response and every turn (before, a one-turn trajectory was learned as length 0, turns 0)."""
-    from rstar2.scheduler import LengthEstimator, Scheduler
+    from rstar2.estimator import LengthEstimator
+    from rstar2.scheduler import Scheduler
 
     away_at: dict[int, list[int]] = {}
     at_tool = Scheduler.at_tool
