@@ -31,16 +31,16 @@ ensure_env() {
 install_env() {
   "$venv/bin/pip" install -U "pip==26.3" &&
     # --no-deps: the lock is complete and resolved; a resolver run would pull torchvision/torchaudio that break
-    # vllm. --no-compile + compileall on every core: pip byte-compiles file by file (measured: 1m11s install + 65 s
-    # compile on 2 cores, instead of ~4 min); compileall's errors are py3.12-only test files, skipped as pip does.
+    # vllm. --no-compile: pip byte-compiles file by file, and compiling the whole venv ahead took ~70 s of a 2-core
+    # machine for ~35,000 modules; a run imports a fraction of them, and Python caches each .pyc on first import.
     DS_BUILD_OPS=0 "$venv/bin/pip" install --no-compile --no-deps -r "$lock" &&
-    "$venv/bin/pip" install --no-compile --no-deps -e . &&
-    { "$venv/bin/python" -m compileall -q -j 0 \
-        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
+    "$venv/bin/pip" install --no-compile --no-deps -e .
 }
 
 # shellcheck source=infra/env.sh
 source "$root/infra/env.sh"
+# the venv is installed without bytecode (see install_env): let the first import of each module cache it
+unset PYTHONDONTWRITEBYTECODE
 cmd="${1:-campaign}"; shift || true
 case "$cmd" in
   env) ensure_env ;;
