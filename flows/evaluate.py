@@ -1,5 +1,6 @@
 """Evaluation (paper §5.1 protocol, sizes from config): pass@1 averaged over k samples at temperature T, with the
-length and turn limits of `eval`, on the held-out split; the result is attached to the checkpoint's MLflow LoggedModel.
+length and turn limits of `eval`, on the held-out split or on each of `eval.suites` (one table per checkpoint); the
+result is attached to the checkpoint's MLflow LoggedModel. A plain HF model directory (`model`) is evaluated the same way.
 
 Inside a campaign it reuses the campaign's engines; as a deployment it starts its own engine. Triggered runs (the
 nightly schedule, the `rstar2.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,
@@ -37,7 +38,8 @@ class EvalParams(BaseModel):
     run_name: str | None = None
     checkpoint: str | None = None
     split: Literal["test", "val"] | None = None  # default: the preset's eval.split
-    model: str | None = None  # a plain HF model directory to evaluate instead (manual runs; results under run_name)
+    model: str | None = None  # a plain HF model directory to evaluate instead (manual runs; results under run_name,
+    # default eval-<directory name>)
     run_dir: str | None = None  # the run directory itself (its config.json is the run's config); set by the trigger
     trigger: Literal["manual", "checkpoint", "nightly"] = "manual"  # how this run was started (see the module doc)
 
@@ -107,7 +109,8 @@ def _run_cfg(params: "EvalParams") -> tuple[RunCfg, Path]:
                 return config.load(str(d / "config.json"), params.overrides), run
         raise ValueError(f"run_dir {run} has no config.json (not a campaign's run directory)")
     cfg = config.load(params.preset, params.overrides)
-    return cfg, runstate.run_dir(cfg, params.run_name)
+    own = f"eval-{Path(params.model).name}" if params.model else None  # a model directory is not the preset's run
+    return cfg, runstate.run_dir(cfg, params.run_name or own)
 
 
 @flow(name="evaluate", flow_run_name="{params.run_name}")

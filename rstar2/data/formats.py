@@ -91,7 +91,7 @@ def _dapo_problem(prompt) -> str | None:
     users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
     if not users or not isinstance(users[-1], str):
         return None
-    paras = [p for p in users[-1].strip().split("\n\n")]
+    paras = users[-1].strip().split("\n\n")
     if len(paras) > 1 and paras[0].startswith(_DAPO_HEAD):
         paras = paras[1:]
     if len(paras) > 1 and paras[-1].startswith(_DAPO_TAIL):
@@ -129,7 +129,7 @@ def convert(df: pl.DataFrame, fmt: str, path: str, seed: int = 0) -> tuple[pl.Da
         if fmt == "dapo":
             problem, truth = _dapo_problem(row["prompt"]), row["reward_model"]
             answer = truth.get("ground_truth") if isinstance(truth, dict) else None
-            if problem is None or answer is None or not str(answer).strip():
+            if not (problem or "").strip() or answer is None or not str(answer).strip():
                 bad.append(Bad(i, "unparsable", f"row {i} ({pid}): prompt is not a chat list with a user turn, or "
                                                 f"reward_model has no ground_truth"))
                 continue

@@ -35,8 +35,23 @@ class Report:
         return asdict(self)
 
 
-def _keep(df: pl.DataFrame, mask: list[bool]) -> pl.DataFrame:
-    return df.filter(pl.Series(mask, dtype=pl.Boolean))
+def _sift(rep: Report, rows: list[dict], why: list[tuple[str, str] | None]) -> list[dict]:
+    """The rows whose `why` is None; the others are counted in the report under their (reason, example)."""
+    for w in why:
+        if w is not None:
+            rep.drop(*w)
+    return [r for r, w in zip(rows, why) if w is None]
+
+
+def _first_seen(rows: list[dict], key, reason: str, what: str, label) -> list[tuple[str, str] | None]:
+    """None for the first row of each `key`, (reason, "<id> <what> <label of that first row>") for the later ones."""
+    seen: dict = {}
+    why = []
+    for r in rows:
+        k = key(r)
+        why.append((reason, f"{r['problem_id']} {what} {seen[k]}") if k in seen else None)
+        seen.setdefault(k, label(r))
+    return why
 
 
 def import_problems(path: str, fmt: str = "auto", split: str = "rl", near_threshold: float = 0.8,
@@ -56,43 +71,22 @@ def import_problems(path: str, fmt: str = "auto", split: str = "rl", near_thresh
         rep.drop(b.reason, b.detail)
     rows = df.to_dicts()
     if split == "rl":
-        ok = [clean.is_integer(r["answer"]) for r in rows]
-        for r, k in zip(rows, ok):
-            if not k:
-                rep.drop("non_integer", f"{r['problem_id']}: answer {r['answer']!r}")
-        df, rows = _keep(df, ok), [r for r, k in zip(rows, ok) if k]
-    seen: dict[str, str] = {}
-    ok = []
-    for r in rows:
-        k = dedup.key(r["prompt"])
-        ok.append(k not in seen)
-        if k in seen:
-            rep.drop("exact_duplicate", f"{r['problem_id']} repeats {seen[k]}")
-        seen.setdefault(k, r["problem_id"])
-    df, rows = _keep(df, ok), [r for r, k in zip(rows, ok) if k]
+        rows = _sift(rep, rows, [None if clean.is_integer(r["answer"]) else
+                                 ("non_integer", f"{r['problem_id']}: answer {r['answer']!r}") for r in rows])
+    rows = _sift(rep, rows, _first_seen(rows, lambda r: dedup.key(r["prompt"]), "exact_duplicate", "repeats",
+                                        lambda r: r["problem_id"]))
     near = dedup.near_duplicates([r["prompt"] for r in rows], near_threshold, shingle, seed=seed)
-    for i, j in near.items():
-        rep.drop("near_duplicate", f"{rows[i]['problem_id']} ~ {rows[j]['problem_id']}")
-    ok = [i not in near for i in range(len(rows))]
-    df, rows = _keep(df, ok), [r for r, k in zip(rows, ok) if k]
+    rows = _sift(rep, rows, [("near_duplicate", f"{r['problem_id']} ~ {rows[near[i]]['problem_id']}")
+                             if i in near else None for i, r in enumerate(rows)])
     if suites:
         index = decontam.Index(suites, decontam_ngram)
-        hits = [index.hit(r["prompt"]) for r in rows]
-        for r, h in zip(rows, hits):
-            if h is not None:
-                rep.drop("contaminated", f"{r['problem_id']} overlaps {h}")
-        ok = [h is None for h in hits]
-        df, rows = _keep(df, ok), [r for r, k in zip(rows, ok) if k]
-    ids: set[str] = set()
-    ok = []
-    for r in rows:
-        ok.append(r["problem_id"] not in ids)
-        if r["problem_id"] in ids:
-            rep.drop("duplicate_id", f"{r['problem_id']} (another problem has this id)")
-        ids.add(r["problem_id"])
-    df = _keep(df, ok)
-    rep.rows_out = df.height
-    return schema.validate(df, path), rep
+        rows = _sift(rep, rows, [("contaminated", f"{r['problem_id']} overlaps {h}")
+                                 if (h := index.hit(r["prompt"])) else None for r in rows])
+    rows = _sift(rep, rows, _first_seen(rows, lambda r: r["problem_id"], "duplicate_id", "is already the id of",
+                                        lambda r: repr(r["prompt"][:40])))
+    out = pl.DataFrame(rows, schema=df.schema)
+    rep.rows_out = out.height
+    return schema.validate(out, path), rep
 
 
 def log_to_mlflow(experiment: str, out_dir: str, out_uri: str, rep: Report) -> str:

@@ -60,15 +60,15 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
 
 
 def load_split(src: str) -> tuple[pl.DataFrame, dict]:
-    """A user's problem table for RL or the world's evaluation split: rows with a missing id, prompt or answer and
-    rows whose (normalised) answer is not an integer are dropped and counted (the paper's RL filter), never a whole
-    file rejected; a missing column or repeated ids is one error naming the file."""
-    df = schema.read_table(src)
-    missing = [c for c in schema.REQUIRED if c not in df.columns]
-    if missing:
+    """A user's problem table for RL or the world's evaluation split: rows with a missing id, prompt or answer (or a
+    JSONL line that is not an object) and rows whose (normalised) answer is not an integer are dropped and counted
+    (the paper's RL filter), never a whole file rejected; a missing column or repeated ids is one error naming the
+    file."""
+    df, broken = schema.read_table(src, allow_broken=True)
+    if any(c not in df.columns for c in schema.REQUIRED):
         schema.validate(df, src)  # raises, naming the file and the columns
     df = df.with_columns(pl.col(c).cast(pl.String) for c in schema.REQUIRED)
-    rows_in = df.height
+    rows_in = df.height + len(broken)
     df = df.filter(~schema.malformed(df))
     malformed = rows_in - df.height
     df = df.with_columns(pl.col("answer").map_elements(clean.normalise_answer, return_dtype=pl.String))

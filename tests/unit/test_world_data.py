@@ -20,7 +20,7 @@ def test_own_data_with_the_tiny_model_is_used_and_filtered(tmp_path):
     src = tmp_path / "train.jsonl"
     rows = [{"problem_id": "a", "prompt": "1+1?", "answer": 2}, {"problem_id": "b", "prompt": "half?", "answer": "1/2"},
             {"problem_id": "c", "prompt": "", "answer": "3"}, {"problem_id": "d", "prompt": "x?", "answer": "\\boxed{07}"}]
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "[not an object]\n")
     cfg, world = _cfg(tmp_path, train=src), tmp_path / "world"
     world.mkdir()
     record = build.sync_data(cfg, world)
@@ -30,7 +30,7 @@ def test_own_data_with_the_tiny_model_is_used_and_filtered(tmp_path):
     df = pl.read_parquet(uris["train"])
     assert dict(zip(df["problem_id"], df["answer"])) == {"a": "2", "d": "7"}
     assert {k: record["train"][k] for k in ("rows_in", "dropped_malformed", "dropped_non_integer", "rows_out")} == {
-        "rows_in": 4, "dropped_malformed": 1, "dropped_non_integer": 1, "rows_out": 2}
+        "rows_in": 5, "dropped_malformed": 2, "dropped_non_integer": 1, "rows_out": 2}
 
 
 def test_a_changed_source_is_brought_in_again_and_an_unchanged_one_is_not(tmp_path):
