@@ -89,3 +89,12 @@ def test_figures_per_suite_with_the_chosen_k():
     assert [r["suite"] for r in rows] == ["aime", "math"] and list(rows[0])[:5] == ["suite", "pass1", "pass1_se",
                                                                                   "pass_at_2", "pass_at_4"]
     assert report.suite_table({"aime": res}, "t").row_count == 1
+
+
+def test_evaluate_refuses_a_directory_that_is_not_a_model(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["evaluate", "--model", str(tmp_path), "--set", f"out_dir={tmp_path}"])
+    assert res.exit_code == 2 and "is not a Hugging Face model directory (it has no config.json)" in res.output
