@@ -2,7 +2,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from rstar2 import sft
 from rstar2.config import RunCfg
@@ -20,7 +20,10 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
     out = Path(out_dir)
     if not checkpoint.is_committed(out):
         checkpoint.commit(out, lambda tmp: build.build(cfg, tmp), {"kind": "world", "seed": cfg.seed})
-    build.sync_data(cfg, out)
+    for split, r in build.sync_data(cfg, out).items():
+        get_run_logger().warning(f"world.{split}_data {r['source']}: {r['rows_out']} of {r['rows_in']} rows kept "
+                                 f"({r['dropped_malformed']} malformed, {r['dropped_non_integer']} with a "
+                                 f"non-integer answer dropped)")
     return build.uris(cfg, out)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from pathlib import Path
 
 import polars as pl
@@ -15,7 +14,6 @@ from rstar2.config import RunCfg
 from rstar2.data import clean, schema
 from rstar2.world import model, problems, sft_data, tokenizer
 
-log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
 
@@ -82,9 +80,11 @@ def load_split(src: str) -> tuple[pl.DataFrame, dict]:
 
 def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
     """Bring each set world.<split>_data into the world as `data-<split>.parquet`, again whenever the source file's
-    content changed since (sha256); returns the record of every imported split (also in data_sources.json)."""
+    content changed since (sha256); returns the record of each split brought in by this call (data_sources.json keeps
+    every split's: source, sha256, rows in and out, rows dropped as malformed or for a non-integer answer)."""
     record_path = out / SOURCES
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    done: dict[str, dict] = {}
     for split in SPLITS:
         src = _source(cfg, split)
         if not src:
@@ -99,12 +99,9 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
         tmp = dest.with_name(f".tmp-{dest.name}")
         df.write_parquet(tmp)
         tmp.replace(dest)
-        record[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
+        record[split] = done[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
         write_atomic(record_path, json.dumps(record, indent=1))
-        log.warning("world.%s_data %s: %d of %d rows kept (%d malformed, %d with a non-integer answer dropped)",
-                    split, src, counts["rows_out"], counts["rows_in"], counts["dropped_malformed"],
-                    counts["dropped_non_integer"])
-    return record
+    return done
 
 
 def eval_split(uris: dict[str, str], split: str) -> str:

@@ -41,11 +41,11 @@ def test_a_changed_source_is_brought_in_again_and_an_unchanged_one_is_not(tmp_pa
     build.sync_data(cfg, world)
     dest = world / "data-test.parquet"
     os.utime(dest, (1, 1))
-    build.sync_data(cfg, world)
-    assert dest.stat().st_mtime == 1  # same content: not copied again
+    assert build.sync_data(cfg, world) == {} and dest.stat().st_mtime == 1  # same content: not copied again
     pl.DataFrame({"problem_id": ["a", "b"], "prompt": ["p", "q"], "answer": ["1", "2"]}).write_parquet(src)
     record = build.sync_data(cfg, world)
     assert pl.read_parquet(dest)["problem_id"].to_list() == ["a", "b"] and record["test"]["rows_out"] == 2
+    assert json.loads((world / build.SOURCES).read_text())["test"] == record["test"]
 
 
 def test_bad_sources_are_one_clear_error(tmp_path):
