@@ -29,21 +29,25 @@ def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
     found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test", "sft_data")}
     found.update({s: str(out / f"data-{s}.parquet") for s in SPLITS if _source(cfg, s)})
     found["init_model"] = w.base_model or str(out / "init_model")
-    if w.base_model and not w.val_data:
-        del found["val"]  # optional with real assets; asking to evaluate on it then fails clearly
+    for split in ("val", "test"):
+        if w.base_model and not _source(cfg, split):
+            del found[split]  # optional with real assets and eval.suites; asking to evaluate on it then fails clearly
     return found
 
 
 def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     """Make the world under `out` (nothing to generate with world.base_model, beyond checking that the splits RL and
-    evaluation need are set); returns its URIs (see `uris`). The user's tables are brought in by `sync_data`."""
+    evaluation need are set: train, and test unless eval.suites is set); returns its URIs (see `uris`). The user's
+    tables are brought in by `sync_data`."""
     w = cfg.world
     out.mkdir(parents=True, exist_ok=True)
     paths = uris(cfg, out)
     if w.base_model:
-        missing = [f"world.{s}_data" for s in ("train", "test") if not _source(cfg, s)]
+        needed = ("train",) if cfg.eval.suites else ("train", "test")  # suites replace the test split in evaluation
+        missing = [f"world.{s}_data" for s in needed if not _source(cfg, s)]
         if missing:
-            raise ValueError(f"world.base_model is set, so {' and '.join(missing)} must name a problem table")
+            raise ValueError(f"world.base_model is set, so {' and '.join(missing)} must name a problem table"
+                             f"{'' if cfg.eval.suites else ' (or set eval.suites)'}")
         return paths
     splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
