@@ -13,8 +13,9 @@ from typing import Callable
 
 import polars as pl
 
-PROBLEM_SCHEMA = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String,
-                  "solution_code": pl.String}
+from rstar2.data import schema
+
+PROBLEM_SCHEMA = {**schema.COLUMNS, "solution_code": pl.String}  # the problem table, plus the reference code
 SPLITS = ("sft", "train", "val", "test")
 
 
