@@ -97,9 +97,13 @@ def log_model_metrics(run_id: str, model_id: str, metrics: dict, step: int) -> N
 
 
 def log_table(run_id: str, rows: list[dict], artifact: str) -> None:
-    """Rows of one table as a run artifact that the MLflow UI shows as a table (Artifacts, Evaluation)."""
+    """Rows of one table as a run artifact that the MLflow UI shows as a table (Artifacts, Evaluation). Written once:
+    MLflow appends the rows to an existing table, so a retried flow would repeat them."""
     import pandas as pd
 
+    folder = str(Path(artifact).parent) if Path(artifact).parent != Path(".") else None
+    if any(f.path == artifact for f in client().list_artifacts(run_id, folder)):
+        return
     client().log_table(run_id, pd.DataFrame(rows), artifact)
 
 
