@@ -1,6 +1,7 @@
 """Evaluation (paper §5.1 protocol, sizes from config): pass@1 averaged over k samples at temperature T, with the
 length and turn limits of `eval`, on the held-out split or on each of `eval.suites` (one table per checkpoint); the
-result is attached to the checkpoint's MLflow LoggedModel. A plain HF model directory (`model`) is evaluated the same way.
+result is attached to the checkpoint's MLflow LoggedModel. A plain HF model directory (`model`) is evaluated the same
+way.
 
 Inside a campaign it reuses the campaign's engines; as a deployment it starts its own engine. Triggered runs (the
 nightly schedule, the `rstar2.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,

@@ -37,6 +37,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Cont
                **{k: v for k, v in kept.items() if k != "uri"}, **update}
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         ev = evaluate_loaded(cfg, ctl, world, ckpt, run_dir, experiment_id, mlflow_run_id,
-                             f"{stage.name}-step-{step + 1:04d}", cfg.eval.split, global_step + 1, meta, str(d / "eval"))
+                             f"{stage.name}-step-{step + 1:04d}", cfg.eval.split, global_step + 1, meta,
+                             str(d / "eval"))
         metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "suites"})  # with suites: the first suite's
     return {"checkpoint": ckpt, **metrics}

@@ -173,7 +173,8 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
 
 
 def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg,
-             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None, answer_type: str = "math") -> dict:
+             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None,
+             answer_type: str = "math") -> dict:
     """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
     its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step, answers checked
     as `answer_type` (see score)."""

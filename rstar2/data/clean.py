@@ -45,7 +45,8 @@ def is_integer(answer: str) -> bool:
 
 def matches(pred: str | None, gold: str, answer_type: str) -> float:
     """Exact checks of the answer types that need no Math-Verify: integer (the same integer after normalisation:
-    `042`, `\\boxed{42}`, `42.0` all match 42) and choice (the option letter, as `B`, `(B)` or `\\text{B}`). 1.0 or 0.0."""
+    `042`, `\\boxed{42}`, `42.0` all match 42) and choice (the option letter, as `B`, `(B)` or `\\text{B}`).
+    1.0 or 0.0."""
     if pred is None:
         return 0.0
     p, g = normalise_answer(pred), normalise_answer(gold)
