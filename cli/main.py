@@ -167,16 +167,25 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
 @app.command()
 def evaluate(preset: str = typer.Option("tiny"), run_name: Optional[str] = typer.Option(None),
              checkpoint: Optional[str] = typer.Option(None, help="default: the run's newest committed checkpoint"),
+             model: Optional[Path] = typer.Option(None, help="a plain Hugging Face model directory instead of a "
+                                                            "run's checkpoint"),
              split: Optional[str] = typer.Option(None, help="test or val (default: the preset's eval.split)"),
              set_: list[str] = typer.Option([], "--set"),
              json_path: Optional[Path] = typer.Option(None, "--json")):
-    """Evaluate a checkpoint (pass@1 over k samples); the result goes to its MLflow LoggedModel."""
+    """Evaluate a checkpoint or a model directory (pass@1 over k samples) on the world's split or on eval.suites
+    (one table, suite x metric); the result goes to its MLflow LoggedModel."""
     env.apply()
     _check_preset(preset, set_)
     from flows.evaluate import EvalParams, evaluate as evaluate_flow
 
+    if model is not None and not (model / "config.json").is_file():
+        console.print(f"[red]error:[/red] {model} is not a Hugging Face model directory (it has no config.json)")
+        raise typer.Exit(2)
     res = evaluate_flow(EvalParams(preset=preset, overrides=set_, run_name=run_name, checkpoint=checkpoint,
-                                   split=split))
+                                   model=str(model) if model else None, split=split))
+    if "suites" in res:  # the evaluation printed its suite table
+        _write_json(json_path, res)
+        return
     ks = _ks(res)
     table = Table(title="rstar2 evaluate (± standard error over problems; pass@k unbiased, Chen et al. 2021)")
     for col in ("pass@1 ± se", *(f"pass@{k}" for k in ks[1:]), "samples", "problems", "mean response length"):
@@ -221,6 +230,57 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
     except Exception as e:  # noqa: BLE001
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+
+
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Problem data in the schema RL and "
+                                                                       "evaluation read (rstar2/data/schema.py)")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("import")
+def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
+                out: Path = typer.Option(..., "--out", help="the Parquet file to write"),
+                fmt: str = typer.Option("auto", "--format", help="auto, dapo, solution or plain"),
+                split: str = typer.Option("rl", help="rl: integer answers only (the paper's filter); eval: all"),
+                preset: str = typer.Option("tiny", help="its eval.suites are what the data is decontaminated "
+                                                        "against; its data section sets the thresholds"),
+                set_: list[str] = typer.Option([], "--set"),
+                json_path: Optional[Path] = typer.Option(None, "--json", help="write the report's figures here")):
+    """Import a problem set (DAPO-Math-17k's layout, problem/solution, problem/answer) into the problem schema:
+    normalised, filtered, deduplicated, decontaminated; a report of what was dropped and why; logged to MLflow."""
+    from rstar2 import config
+    from rstar2.data import importer, suites
+
+    if fmt not in ("auto", "dapo", "solution", "plain") or split not in ("rl", "eval"):
+        console.print("[red]error:[/red] --format is auto, dapo, solution or plain; --split is rl or eval")
+        raise typer.Exit(2)
+    try:
+        cfg = config.load(preset, set_)
+        against = suites.problems(cfg.eval.suites, cfg.eval.seed)
+        df, rep = importer.import_problems(str(src), fmt, split, cfg.data.near_dup_threshold, cfg.data.shingle_words,
+                                           against, cfg.data.decontam_ngram, cfg.seed)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.write_parquet(out)
+    console.print(import_table(rep, str(out), len(cfg.eval.suites)))
+    run_id = importer.log_to_mlflow(cfg.experiment, cfg.out_dir, str(out), rep)
+    console.print(f"wrote {out}; MLflow run {run_id} (experiment {cfg.experiment})")
+    _write_json(json_path, rep.to_dict())
+
+
+def import_table(rep, out: str, n_suites: int) -> Table:
+    """Rows in, dropped by reason with examples, rows out."""
+    table = Table(title=escape(f"rstar2 data import {rep.path} ({rep.format}) -> {out}"
+                               f"{f'; decontaminated against {n_suites} suite(s)' if n_suites else ''}"))
+    for col in ("", "rows", "examples"):
+        table.add_column(col, justify="right" if col == "rows" else "left")
+    table.add_row("rows in", str(rep.rows_in), "")
+    for reason, n in rep.dropped.items():
+        table.add_row(f"dropped: {reason.replace('_', ' ')}", str(n), escape("; ".join(rep.examples[reason])))
+    table.add_row("rows out", str(rep.rows_out), "", style="bold")
+    return table
 
 
 from bench import sandbox as bench_sandbox  # noqa: E402

@@ -106,12 +106,12 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         first = by_seed[0]
         summary = {"run_dir": str(run), "mlflow_run_id": run_id, "steps": first["steps"],
                    "final_checkpoint": first["final_checkpoint"], "stages": first["stages"],
-                   **report.seed_aggregate(before, by_seed), "eval_split": cfg.eval.split,
+                   **report.seed_aggregate(before, by_seed), "eval_split": _headline(cfg),
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
                    "wall_s": time.perf_counter() - t0}
         campaign_report(exp_id, run_id, str(run), summary)
         (run / "summary.json").write_text(json.dumps(summary, indent=1))
-        create_markdown_artifact(_summary_markdown(summary, cfg.eval.split), key="campaign-summary")
+        create_markdown_artifact(_summary_markdown(summary, _headline(cfg)), key="campaign-summary")
         return summary
 
 
@@ -125,6 +125,11 @@ def _sft_model(cfg: RunCfg, params: CampaignParams, world: dict, run: Path) -> s
     if cfg.sft.enabled:
         return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
     return world["init_model"]
+
+
+def _headline(cfg: RunCfg) -> str:
+    """What the campaign's pass@1 before and after RL is measured on: the first of eval.suites, else the split."""
+    return cfg.eval.suites[0].name if cfg.eval.suites else cfg.eval.split
 
 
 def _summary_markdown(summary: dict, split: str) -> str:

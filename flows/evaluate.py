@@ -1,5 +1,7 @@
 """Evaluation (paper §5.1 protocol, sizes from config): pass@1 averaged over k samples at temperature T, with the
-length and turn limits of `eval`, on the held-out split; the result is attached to the checkpoint's MLflow LoggedModel.
+length and turn limits of `eval`, on the held-out split or on each of `eval.suites` (one table per checkpoint); the
+result is attached to the checkpoint's MLflow LoggedModel. A plain HF model directory (`model`) is evaluated the same
+way.
 
 Inside a campaign it reuses the campaign's engines; as a deployment it starts its own engine. Triggered runs (the
 nightly schedule, the `rstar2.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,
@@ -10,6 +12,7 @@ allows it (`eval.while_training`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +29,7 @@ from rstar2.controller import Controller
 from rstar2.world.build import eval_split
 from tasks import rl
 from tasks.run import run_context
+from tasks.world import prepare_suites
 
 
 class EvalParams(BaseModel):
@@ -35,6 +39,8 @@ class EvalParams(BaseModel):
     run_name: str | None = None
     checkpoint: str | None = None
     split: Literal["test", "val"] | None = None  # default: the preset's eval.split
+    model: str | None = None  # a plain HF model directory to evaluate instead (manual runs; results under run_name,
+    # default eval-<directory name>)
     run_dir: str | None = None  # the run directory itself (its config.json is the run's config); set by the trigger
     trigger: Literal["manual", "checkpoint", "nightly"] = "manual"  # how this run was started (see the module doc)
 
@@ -49,12 +55,32 @@ def evaluate_checkpoint(cfg: RunCfg, ctl: Controller, world: dict, model_dir: st
                         mlflow_run_id: str, name: str, split: str, step: int) -> dict:
     """Evaluate `model_dir` with the given engines (they are loaded with it first) and record it in MLflow."""
     rl.load_weights(ctl, model_dir)
-    result = rl.evaluate(ctl, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                         str(Path(run_dir) / "eval" / f"{name}.parquet"), cfg.scheduler)
     meta = checkpoint.manifest(Path(model_dir)) if checkpoint.is_committed(Path(model_dir)) else {"stage": name}
-    rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir,
-                      {k: v for k, v in meta.items() if k not in ("metrics", "files")}, step, split)
-    return result
+    return evaluate_loaded(cfg, ctl, world, model_dir, run_dir, experiment_id, mlflow_run_id, name, split, step,
+                           {k: v for k, v in meta.items() if k not in ("metrics", "files")},
+                           str(Path(run_dir) / "eval" / name))
+
+
+def evaluate_loaded(cfg: RunCfg, ctl: Controller, world: dict, model_dir: str, run_dir: str, experiment_id: str,
+                    mlflow_run_id: str, name: str, split: str, step: int, meta: dict, out: str) -> dict:
+    """Evaluate `model_dir` (already in the engines) and record it in MLflow. Without eval.suites: the world's
+    `split`, samples in `<out>.parquet`, figures as eval_<figure> (eval_<split>_<figure> for val). With suites: each
+    suite (samples in `<out>/<suite>.parquet`), one table and eval/<suite>/<figure> metrics; the first suite's
+    figures are the headline returned (what a campaign compares before and after RL), all of them under "suites"."""
+    if not cfg.eval.suites:
+        result = rl.evaluate(ctl, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
+                             f"{out}.parquet", cfg.scheduler)
+        rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir, meta, step, split)
+        return result
+    tables = prepare_suites(cfg, str(Path(run_dir) / "suites"))
+    results = {s.name: rl.evaluate(ctl, model_dir, tables[s.name], cfg.eval, cfg.world.max_positions, cfg.sandbox,
+                                   str(Path(out) / f"{s.name}.parquet"), cfg.scheduler, s.answer_type)
+               for s in cfg.eval.suites}
+    rl.log_suites(results, experiment_id, mlflow_run_id, model_dir, meta, step, Path(out).name)
+    headline = {**results[cfg.eval.suites[0].name], "suites": results}
+    # what runstate.evaluated looks for: this model's evaluation is done
+    checkpoint.write_atomic(Path(f"{out}.json"), json.dumps({"model_dir": model_dir, "result": headline}))
+    return headline
 
 
 def campaign_running(run: Path) -> bool:
@@ -84,7 +110,8 @@ def _run_cfg(params: "EvalParams") -> tuple[RunCfg, Path]:
                 return config.load(str(d / "config.json"), params.overrides), run
         raise ValueError(f"run_dir {run} has no config.json (not a campaign's run directory)")
     cfg = config.load(params.preset, params.overrides)
-    return cfg, runstate.run_dir(cfg, params.run_name)
+    own = f"eval-{Path(params.model).name}" if params.model else None  # a model directory is not the preset's run
+    return cfg, runstate.run_dir(cfg, params.run_name or own)
 
 
 @flow(name="evaluate", flow_run_name="{params.run_name}")
@@ -93,6 +120,10 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
     cfg, run = _run_cfg(params)
     split = params.split or cfg.eval.split
     log = get_run_logger()
+    if params.model:
+        if params.trigger != "manual" or params.checkpoint:
+            raise ValueError("model (a plain HF model directory) is for manual runs, instead of a checkpoint")
+        return _evaluate_model(cfg, run, str(Path(params.model).resolve()), split)
     if params.trigger == "manual":
         model_dir = params.checkpoint or runstate.resume_point(run, cfg, str(run / "sft"))[0]
     else:
@@ -114,6 +145,18 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
         step = checkpoint.manifest(Path(model_dir)).get("global_step", 0)
         return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,
                                    ctx.mlflow_run_id, result_name(model_dir, split), split, step)
+
+
+def _evaluate_model(cfg: RunCfg, run: Path, model_dir: str, split: str) -> dict:
+    """A plain HF model directory (no run, no manifest) evaluated like a checkpoint; the world is built only when it
+    is what is evaluated (no eval.suites)."""
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a Hugging Face model directory (it has no config.json)")
+    with run_context(cfg, run, f"{run.name}-eval", {"kind": "evaluation", "preset": cfg.name},
+                     with_world=not cfg.eval.suites) as ctx:
+        rl.start_actors(ctx.ctl, cfg, model_dir, with_trainer=False)
+        return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,
+                                   ctx.mlflow_run_id, result_name(model_dir, split), split, 0)
 
 
 def _skip(log, why: str) -> dict:

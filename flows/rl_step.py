@@ -9,7 +9,7 @@ from prefect import flow
 
 from rstar2.config import RunCfg, StageCfg
 from rstar2.controller import Controller
-from rstar2.world.build import eval_split
+from flows.evaluate import evaluate_loaded
 from tasks import rl
 
 
@@ -36,8 +36,8 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Cont
     metrics = {**{k: v for k, v in rolled.items() if k != "uri"}, **batch, **sandbox,
                **{k: v for k, v in kept.items() if k != "uri"}, **update}
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-        ev = rl.evaluate(ctl, ckpt, eval_split(world, cfg.eval.split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                         str(d / "eval.parquet"), cfg.scheduler)
-        rl.log_evaluation(ev, experiment_id, mlflow_run_id, ckpt, meta, global_step + 1, cfg.eval.split)
-        metrics.update({f"eval_{k}": v for k, v in ev.items()})
+        ev = evaluate_loaded(cfg, ctl, world, ckpt, run_dir, experiment_id, mlflow_run_id,
+                             f"{stage.name}-step-{step + 1:04d}", cfg.eval.split, global_step + 1, meta,
+                             str(d / "eval"))
+        metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "suites"})  # with suites: the first suite's
     return {"checkpoint": ckpt, **metrics}

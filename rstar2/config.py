@@ -31,7 +31,9 @@ class WorldCfg(_Cfg):
     ffn: int = 704
     max_positions: int = 2048
     base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
-    train_data: str | None = None  # Parquet with problem_id, prompt, answer (instead of the generator)
+    # problem tables (Parquet or JSONL in the schema of rstar2/data/schema.py; `rstar2 data import` makes them) used
+    # instead of the generator's splits whenever set (rows with a non-integer answer are dropped, and counted)
+    train_data: str | None = None
     val_data: str | None = None
     test_data: str | None = None
 
@@ -184,9 +186,27 @@ class MiningCfg(_Cfg):
     temperature: float = 1.0
 
 
+class SuiteCfg(_Cfg):
+    """One evaluation suite: a local file (Parquet or JSONL; layouts in rstar2/data/suites.py) and how its answers
+    are checked: integer (exact integer match), math (Math-Verify, as the RL reward) or choice (the option letter)."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # in metric names (eval/<name>/pass1) and file names
+    path: str
+    answer_type: Literal["integer", "math", "choice"] = "math"
+
+
+class DataCfg(_Cfg):
+    """`rstar2 data import`: duplicate removal and decontamination (rstar2/data/)."""
+    near_dup_threshold: float = Field(0.8, gt=0.0, le=1.0)  # word-shingle Jaccard at or above this is a near duplicate
+    shingle_words: int = Field(3, ge=1)  # words per shingle for the near-duplicate test
+    decontam_ngram: int = Field(13, ge=1)  # a training problem sharing a word n-gram with a suite problem is dropped
+
+
 class EvalCfg(_Cfg):
     samples: int = 16  # pass@1 averaged over k samples (paper: 16)
     temperature: float = 0.6
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    pass_k: list[int] = []  # unbiased pass@k reported for these k (each <= samples); empty: 1, 2, 4, ... <= samples
+    suites: list[SuiteCfg] = []  # evaluate on these files, one table per checkpoint; empty: the world's `split`
     max_turns: int = 30
     max_response_tokens: int = 30000
     n_problems: int | None = None  # None = the whole held-out split
@@ -197,6 +217,16 @@ class EvalCfg(_Cfg):
     # committed checkpoint); off where its engines would compete with training for the accelerators
     while_training: bool = False  # ... even while the run's campaign is still running (else it waits for the next
     # trigger or the campaign's own final evaluation)
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalCfg":
+        bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
+        if bad:
+            raise ValueError(f"eval.pass_k {bad} must lie in 1..eval.samples ({self.samples})")
+        names = [s.name for s in self.suites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.suites names must be unique, got {names}")
+        return self
 
 
 class RunCfg(_Cfg):
@@ -217,6 +247,7 @@ class RunCfg(_Cfg):
     stages: list[StageCfg] = Field(default_factory=list)
     eval: EvalCfg = Field(default_factory=EvalCfg)
     mining: MiningCfg = Field(default_factory=MiningCfg)
+    data: DataCfg = Field(default_factory=DataCfg)
     ablation: str | None = None  # the ablation this run belongs to (an MLflow tag), e.g. "plain-grpo"
 
     def rollout_for(self, stage: StageCfg) -> RolloutCfg:

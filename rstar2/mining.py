@@ -12,12 +12,12 @@ import polars as pl
 from rstar2 import steps
 from rstar2.agent_loop import EngineSet
 from rstar2.config import MiningCfg, RolloutCfg, SandboxCfg, SchedulerCfg
-from rstar2.world.problems import validate
+from rstar2.data.schema import validate
 
 
 def candidates(train_uri: str, max_problems: int | None, seed: int) -> pl.DataFrame:
     """The problems to mine: the whole split, or a seeded subset of `max_problems` (same subset on every retry)."""
-    df = validate(pl.read_parquet(train_uri))
+    df = validate(pl.read_parquet(train_uri), train_uri)
     if max_problems is not None and max_problems < df.height:
         df = df.sample(n=max_problems, seed=seed, shuffle=True)
     return df

@@ -152,3 +152,26 @@ def ablation_summary(results: dict[str, dict]) -> dict:
                             "ci95": c["ci95"] and [r4(x) for x in c["ci95"]], "beyond_noise": c["beyond_noise"],
                             "seeds": [c["n_a"], c["n_b"]]})
     return {"variants": rows, "comparisons": comparisons}
+
+
+def suite_rows(results: dict[str, dict]) -> list[dict]:
+    """One row per evaluation suite: pass@1 (avg@k) and its standard error over problems, pass@k, problems, samples."""
+    return [{"suite": name, **{k: r[k] for k in ("pass1", "pass1_se") if k in r},
+             **{k: r[k] for k in sorted((k for k in r if k.startswith("pass_at_")),
+                                        key=lambda k: int(k.removeprefix("pass_at_")))},
+             "problems": r.get("problems"), "samples": r.get("samples")} for name, r in results.items()]
+
+
+def suite_table(results: dict[str, dict], title: str):
+    """The suites x metrics table of one checkpoint (rich)."""
+    from rich.table import Table
+
+    rows = suite_rows(results)
+    table = Table(title=f"{title} (pass@1 = avg@k ± standard error over problems; pass@k unbiased)")
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    for c in cols:
+        table.add_column(c.replace("pass_at_", "pass@"), justify="left" if c == "suite" else "right")
+    for r in rows:
+        table.add_row(*["-" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
+                        for c in cols])
+    return table

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _BOXED = "\\boxed{"
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last top-level, brace-balanced `\\boxed{...}` (`\\{`, `\\}` are literal braces)."""
     found, i = None, 0
     while (start := text.find(_BOXED, i)) >= 0:
@@ -47,7 +47,7 @@ def extract_answer(response_text: str) -> str | None:
     start = response_text.rfind(ANSWER_OPEN, 0, close) if close >= 0 else -1
     if start < 0:
         return None
-    return _last_boxed(response_text[start + len(ANSWER_OPEN):close])
+    return last_boxed(response_text[start + len(ANSWER_OPEN):close])
 
 
 def verify_one(pred: str | None, gold: str, timeout_s: float) -> float:

@@ -49,13 +49,15 @@ def pass1_with_se(rewards_by_problem: Sequence[Sequence[float]]) -> tuple[float,
     return float(means.mean()), se
 
 
-def evaluation_stats(rewards_by_problem: Sequence[Sequence[float]]) -> dict:
-    """An evaluation's figures: pass1, pass1_se, pass_at_{k} for k = 1, 2, 4, ... up to the fewest samples of a
-    problem, problems, samples (per problem, the fewest). Rewards are 0/1 (a sample is correct when reward > 0)."""
+def evaluation_stats(rewards_by_problem: Sequence[Sequence[float]], ks: Sequence[int] | None = None) -> dict:
+    """An evaluation's figures: pass1, pass1_se, pass_at_{k} for `ks` (default: k = 1, 2, 4, ... up to the fewest
+    samples of a problem; each k at most that), problems, samples (per problem, the fewest). Rewards are 0/1 (a
+    sample is correct when reward > 0)."""
     pass1, se = pass1_with_se(rewards_by_problem)
     n = min(len(r) for r in rewards_by_problem)
     counts = [(len(r), int(np.sum(np.asarray(r) > 0))) for r in rewards_by_problem]
-    at_k = {f"pass_at_{k}": float(np.mean([pass_at_k(ni, c, k) for ni, c in counts])) for k in ks_upto(n)}
+    at_k = {f"pass_at_{k}": float(np.mean([pass_at_k(ni, c, k) for ni, c in counts]))
+            for k in sorted(set(ks or ks_upto(n)))}
     return {"pass1": pass1, "pass1_se": se, **at_k, "problems": len(counts), "samples": n}
 
 

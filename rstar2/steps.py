@@ -19,12 +19,13 @@ import polars as pl
 from rstar2 import roc, rollout, stats
 from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
+from rstar2.data import clean
+from rstar2.data.schema import validate
 from rstar2.estimator import LengthEstimator
-from rstar2.reward import Verifier
+from rstar2.reward import Verifier, extract_answer
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.sandbox.metrics import summarize
-from rstar2.world.problems import validate
 from rstar2.world.tokenizer import load as load_tokenizer
 
 _BACKENDS: dict[str, Backend] = {}
@@ -62,7 +63,7 @@ class ToolDisabled:
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
     """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
     run sees exactly the data the uninterrupted one would have."""
-    df = validate(pl.read_parquet(problems_uri))
+    df = validate(pl.read_parquet(problems_uri), problems_uri)
     if df.height == 0:
         raise ValueError(f"{problems_uri} has no problems")
     perm = list(range(df.height))
@@ -101,14 +102,21 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
             "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats}
 
 
-def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str) -> dict:
-    """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format."""
+def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str, answer_type: str = "math") -> dict:
+    """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format. `answer_type` math: Math-Verify
+    in the sandbox (the RL reward); integer or choice (evaluation suites): an exact check here (rstar2.data.clean)."""
     df = pl.read_parquet(rollouts_uri)
-    check = verifier(cfg)
-    rewards = check.score(df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list())
+    texts, golds, cut = df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list()
+    statuses: Counter = Counter()
+    if answer_type == "math":
+        check = verifier(cfg)
+        rewards = check.score(texts, golds, cut)
+        statuses = check.last_statuses
+    else:
+        rewards = [0.0 if c else clean.matches(extract_answer(t), g, answer_type) for t, g, c in zip(texts, golds, cut)]
     stats = json.loads(_stats_uri(rollouts_uri).read_text()) if _stats_uri(rollouts_uri).exists() else {}
-    stats.update({"verify_calls": float(sum(check.last_statuses.values())),
-                  **{f"verify_status_{k}": float(v) for k, v in check.last_statuses.items()}})
+    stats.update({"verify_calls": float(sum(statuses.values())),
+                  **{f"verify_status_{k}": float(v) for k, v in statuses.items()}})
     _stats_uri(out_uri).write_text(json.dumps(stats))
     blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
     df = df.with_columns(
@@ -165,24 +173,26 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
 
 
 def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg,
-             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None) -> dict:
+             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None,
+             answer_type: str = "math") -> dict:
     """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
-    its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step."""
-    df = validate(pl.read_parquet(problems_uri))
+    its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step, answers checked
+    as `answer_type` (see score)."""
+    df = validate(pl.read_parquet(problems_uri), problems_uri)
     if cfg.n_problems:
         df = df.head(cfg.n_problems)
     limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
                         max_response_tokens=cfg.max_response_tokens)
     info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
                               cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
-    scored = score(out_uri, sandbox_cfg, out_uri)
-    return {**eval_stats(out_uri), "eval_s": info["rollout_s"], **scored}
+    scored = score(out_uri, sandbox_cfg, out_uri, answer_type)
+    return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"], **scored}
 
 
-def eval_stats(scored_uri: str) -> dict:
-    """An evaluation's figures from its scored samples: pass1 with its standard error over problems (pass1_se),
-    unbiased pass_at_{k} for k = 1, 2, 4, ... up to the samples per problem (rstar2.stats), problems, samples, and the
-    mean response length."""
+def eval_stats(scored_uri: str, ks: list[int] | None = None) -> dict:
+    """An evaluation's figures from its scored samples: pass1 (avg@k) with its standard error over problems
+    (pass1_se), unbiased pass_at_{k} for `ks` (default 1, 2, 4, ... up to the samples per problem; rstar2.stats),
+    problems, samples, and the mean response length."""
     res = pl.read_parquet(scored_uri)
     by_problem = res.group_by("problem_id", maintain_order=True).agg(pl.col("reward"))["reward"].to_list()
-    return {**stats.evaluation_stats(by_problem), "response_len_mean": float(res["response_len"].mean())}
+    return {**stats.evaluation_stats(by_problem, ks), "response_len_mean": float(res["response_len"].mean())}

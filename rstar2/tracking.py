@@ -96,6 +96,17 @@ def log_model_metrics(run_id: str, model_id: str, metrics: dict, step: int) -> N
         client().log_batch(run_id, metrics=items)
 
 
+def log_table(run_id: str, rows: list[dict], artifact: str) -> None:
+    """Rows of one table as a run artifact that the MLflow UI shows as a table (Artifacts, Evaluation). Written once:
+    MLflow appends the rows to an existing table, so a retried flow would repeat them."""
+    import pandas as pd
+
+    folder = str(Path(artifact).parent) if Path(artifact).parent != Path(".") else None
+    if any(f.path == artifact for f in client().list_artifacts(run_id, folder)):
+        return
+    client().log_table(run_id, pd.DataFrame(rows), artifact)
+
+
 def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -> None:
     """Record a Parquet table (e.g. a mined hard set) as a run input, with its lineage as a JSON artifact."""
     import mlflow.data

@@ -145,18 +145,19 @@ def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id:
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
 @costs.work
 def evaluate(ctl: Controller, model_dir: str, problems_uri: str, eval_cfg: EvalCfg, max_model_len: int,
-             sandbox_cfg: SandboxCfg, out_uri: str, sched_cfg: SchedulerCfg) -> dict:
-    """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines). Its result is written next to
-    the samples and reused by a retried run, so a finished evaluation is never redone."""
+             sandbox_cfg: SandboxCfg, out_uri: str, sched_cfg: SchedulerCfg, answer_type: str = "math") -> dict:
+    """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines) on one problem table, answers
+    checked as `answer_type`. Its result is written next to the samples and reused by a retried run, so a finished
+    evaluation is never redone."""
     done = Path(out_uri).with_suffix(".json")
     if done.is_file() and json.loads(done.read_text()).get("model_dir") == model_dir:
         res = json.loads(done.read_text())["result"]
         # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
-    engines = ctl.engine_clients(eval_cfg.temperature, 1.0)
-    with bar("evaluate") as progress:
+    engines = ctl.engine_clients(eval_cfg.temperature, eval_cfg.top_p)
+    with bar(f"evaluate {Path(out_uri).stem}") as progress:
         res = steps.evaluate(engines, sched_cfg, model_dir, problems_uri, eval_cfg, max_model_len,
-                             sandbox_cfg, out_uri, on_done=progress)
+                             sandbox_cfg, out_uri, on_done=progress, answer_type=answer_type)
     ckpt.write_atomic(done, json.dumps({"model_dir": model_dir, "result": res}))
     return res
 
@@ -171,6 +172,23 @@ def log_evaluation(result: dict, experiment_id: str, mlflow_run_id: str, model_d
     with costs.mlflow():
         model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, model_dir, meta)
         tracking.log_model_metrics(mlflow_run_id, model_id, {f"{prefix}{k}": v for k, v in result.items()}, step)
+    return model_id
+
+
+@task(name="log-suites", cache_policy=None)
+@costs.work
+def log_suites(results: dict[str, dict], experiment_id: str, mlflow_run_id: str, model_dir: str, meta: dict,
+               step: int, name: str) -> str:
+    """A checkpoint's evaluation on the suites: its table (suite x metric) on the terminal and as a run artifact
+    (`eval/<name>.json`), each figure as metric `eval/<suite>/<figure>` on the run and the checkpoint's LoggedModel."""
+    from rich.console import Console
+
+    Console(width=200).print(report.suite_table(results, f"evaluation {name}: {model_dir}"))
+    with costs.mlflow():
+        model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, model_dir, meta)
+        tracking.log_model_metrics(mlflow_run_id, model_id, {f"eval/{suite}/{k}": v for suite, res in results.items()
+                                                             for k, v in res.items()}, step)
+        tracking.log_table(mlflow_run_id, report.suite_rows(results), f"eval/{name}.json")
     return model_id
 
 

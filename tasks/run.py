@@ -28,14 +28,15 @@ class RunContext:
 
 @contextmanager
 def run_context(cfg: RunCfg, run: Path, controller_id: str, tags: dict, world_dir: Path | None = None,
-                owns_run: bool = False, **open_run) -> Iterator[RunContext]:
+                owns_run: bool = False, with_world: bool = True, **open_run) -> Iterator[RunContext]:
     """`controller_id`: the Controller's run id, i.e. its actors' name prefix (a flow that may run beside the
     campaign, such as a triggered evaluation, takes one of its own). `tags`: the MLflow run's tags if it is new; `open_run`: more of
-    tasks.track.open_run's options. `owns_run`: this flow is the run's campaign, so it ends the MLflow run."""
+    tasks.track.open_run's options. `owns_run`: this flow is the run's campaign, so it ends the MLflow run. `with_world` off: no world is built (its URIs are {}), for a flow that
+    needs none (evaluating a given model on eval.suites)."""
     exp_id, run_id = track.open_run(cfg.experiment, cfg.out_dir, run.name, str(run), tags=tags, **open_run)
     ctl = Controller(controller_id)
     try:
-        world = build_world(cfg, str(world_dir or run / "world"))
+        world = build_world(cfg, str(world_dir or run / "world")) if with_world else {}
         yield RunContext(cfg, run, world, exp_id, run_id, ctl)
         if owns_run:
             track.end_run(run_id)

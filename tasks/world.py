@@ -2,7 +2,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from rstar2 import sft
 from rstar2.config import RunCfg
@@ -13,12 +13,17 @@ from tasks import costs
 @task(name="build-world", cache_policy=None, retries=0)
 @costs.work
 def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
-    """Make the world once per run directory (committed atomically); a retried or later flow reuses it."""
+    """Make the world once per run directory (committed atomically); a retried or later flow reuses it. The user's
+    problem tables (world.<split>_data) are brought in again whenever their content changed."""
     from rstar2 import checkpoint
 
     out = Path(out_dir)
     if not checkpoint.is_committed(out):
         checkpoint.commit(out, lambda tmp: build.build(cfg, tmp), {"kind": "world", "seed": cfg.seed})
+    for split, r in build.sync_data(cfg, out).items():
+        get_run_logger().warning(f"world.{split}_data {r['source']}: {r['rows_out']} of {r['rows_in']} rows kept "
+                                 f"({r['dropped_malformed']} malformed, {r['dropped_non_integer']} with a "
+                                 f"non-integer answer dropped)")
     return build.uris(cfg, out)
 
 
@@ -40,3 +45,19 @@ def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
             (tmp / "sft_result.json").write_text(json.dumps(dataclasses.asdict(res)))
         checkpoint.commit(Path(out_dir), write, {"kind": "sft"})
     return out_dir
+
+
+@task(name="prepare-suites", cache_policy=None)
+@costs.work
+def prepare_suites(cfg: RunCfg, out_dir: str) -> dict[str, str]:
+    """Each of eval.suites read from its file (rstar2/data/suites.py) and written in the problem schema as
+    `<out_dir>/<name>.parquet`, again each time (an edited suite file is picked up); suite name -> that table."""
+    from rstar2.data import suites
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for s in cfg.eval.suites:
+        found[s.name] = str(out / f"{s.name}.parquet")
+        suites.load(s, cfg.eval.seed).write_parquet(found[s.name])
+    return found

@@ -1,41 +1,57 @@
-"""Make the whole tiny world under one directory: problem splits, SFT transcripts, tokenizer, initial model."""
+"""Make the whole tiny world under one directory: problem splits, SFT transcripts, tokenizer, initial model; and bring
+in the user's problem tables (world.train_data / val_data / test_data) whenever they are set."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import polars as pl
 
+from rstar2.checkpoint import write_atomic
 from rstar2.config import RunCfg
+from rstar2.data import clean, schema
 from rstar2.world import model, problems, sft_data, tokenizer
+
+SPLITS = ("train", "val", "test")
+SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
+
+
+def _source(cfg: RunCfg, split: str) -> str | None:
+    return getattr(cfg.world, f"{split}_data")
 
 
 def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
-    """Where a world built under `out` keeps its parts: problem splits, SFT transcripts, init model (+ tokenizer)."""
+    """Where a world built under `out` keeps its parts: problem splits (the user's own, as `data-<split>.parquet`,
+    when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer)."""
     w = cfg.world
     found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test", "sft_data")}
+    found.update({s: str(out / f"data-{s}.parquet") for s in SPLITS if _source(cfg, s)})
     found["init_model"] = w.base_model or str(out / "init_model")
-    if w.base_model and not w.val_data:
-        del found["val"]  # optional with real assets; asking to evaluate on it then fails clearly
+    for split in ("val", "test"):
+        if w.base_model and not _source(cfg, split):
+            del found[split]  # optional with real assets and eval.suites; asking to evaluate on it then fails clearly
     return found
 
 
 def build(cfg: RunCfg, out: Path) -> dict[str, str]:
-    """Make the world under `out`; returns its URIs (see `uris`)."""
+    """Make the world under `out` (nothing to generate with world.base_model, beyond checking that the splits RL and
+    evaluation need are set: train, and test unless eval.suites is set); returns its URIs (see `uris`). The user's
+    tables are brought in by `sync_data`."""
     w = cfg.world
     out.mkdir(parents=True, exist_ok=True)
     paths = uris(cfg, out)
-    if w.base_model:  # real assets: nothing to generate but the data checks
-        for split, src in (("train", w.train_data), ("val", w.val_data), ("test", w.test_data)):
-            if not src and split == "val":
-                continue
-            if not src:
-                raise ValueError(f"world.base_model is set, so world.{split}_data must name a Parquet file")
-            problems.validate(pl.read_parquet(src)).write_parquet(paths[split])
+    if w.base_model:
+        needed = ("train",) if cfg.eval.suites else ("train", "test")  # suites replace the test split in evaluation
+        missing = [f"world.{s}_data" for s in needed if not _source(cfg, s)]
+        if missing:
+            raise ValueError(f"world.base_model is set, so {' and '.join(missing)} must name a problem table"
+                             f"{'' if cfg.eval.suites else ' (or set eval.suites)'}")
         return paths
     splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
-        splits[split].write_parquet(paths[key])
+        splits[split].write_parquet(out / f"{key}.parquet")
     sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac,
                          cfg.sft.mix_by_kind)
     sft.write_parquet(paths["sft_data"])
@@ -43,6 +59,53 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
     model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed, Path(paths["init_model"]))
     return paths
+
+
+def load_split(src: str) -> tuple[pl.DataFrame, dict]:
+    """A user's problem table for RL or the world's evaluation split: rows with a missing id, prompt or answer (or a
+    JSONL line that is not an object) and rows whose (normalised) answer is not an integer are dropped and counted
+    (the paper's RL filter), never a whole file rejected; a missing column or repeated ids is one error naming the
+    file."""
+    df, broken = schema.read_table(src, allow_broken=True)
+    if any(c not in df.columns for c in schema.REQUIRED):
+        schema.validate(df, src)  # raises, naming the file and the columns
+    df = df.with_columns(pl.col(c).cast(pl.String) for c in schema.REQUIRED)
+    rows_in = df.height + len(broken)
+    df = df.filter(~schema.malformed(df))
+    malformed = rows_in - df.height
+    df = df.with_columns(pl.col("answer").map_elements(clean.normalise_answer, return_dtype=pl.String))
+    df = df.filter(pl.col("answer").map_elements(clean.is_integer, return_dtype=pl.Boolean))
+    counts = {"rows_in": rows_in, "dropped_malformed": malformed,
+              "dropped_non_integer": rows_in - malformed - df.height, "rows_out": df.height}
+    if df.height == 0:
+        raise ValueError(f"{src}: no usable problem left ({counts})")
+    return schema.validate(df, src), counts
+
+
+def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
+    """Bring each set world.<split>_data into the world as `data-<split>.parquet`, again whenever the source file's
+    content changed since (sha256); returns the record of each split brought in by this call (data_sources.json keeps
+    every split's: source, sha256, rows in and out, rows dropped as malformed or for a non-integer answer)."""
+    record_path = out / SOURCES
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    done: dict[str, dict] = {}
+    for split in SPLITS:
+        src = _source(cfg, split)
+        if not src:
+            continue
+        digest = hashlib.sha256(Path(src).read_bytes()).hexdigest() if Path(src).is_file() else None
+        if digest is None:
+            raise ValueError(f"world.{split}_data: {src}: no such file")
+        dest = out / f"data-{split}.parquet"
+        if record.get(split, {}).get("sha256") == digest and dest.is_file():
+            continue
+        df, counts = load_split(src)
+        tmp = dest.with_name(f".tmp-{dest.name}")
+        df.write_parquet(tmp)
+        tmp.replace(dest)
+        record[split] = done[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
+        write_atomic(record_path, json.dumps(record, indent=1))
+    return done
 
 
 def eval_split(uris: dict[str, str], split: str) -> str:

@@ -13,8 +13,9 @@ from typing import Callable
 
 import polars as pl
 
-PROBLEM_SCHEMA = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String,
-                  "solution_code": pl.String}
+from rstar2.data import schema
+
+PROBLEM_SCHEMA = {**schema.COLUMNS, "solution_code": pl.String}  # the problem table, plus the reference code
 SPLITS = ("sft", "train", "val", "test")
 
 
@@ -105,19 +106,3 @@ def generate(seed: int, sizes: dict[str, int], kinds: list[str] | None = None) -
         out[split] = pl.DataFrame(rows, schema=PROBLEM_SCHEMA)
     return out
 
-
-def validate(df: pl.DataFrame) -> pl.DataFrame:
-    """Check a problem table before it is used; one clear error naming the bad rows."""
-    missing = [c for c in ("problem_id", "prompt", "answer") if c not in df.columns]
-    if missing:
-        raise ValueError(f"problem table lacks column(s) {missing}; needs problem_id, prompt, answer")
-    bad = df.filter(
-        pl.col("problem_id").is_null() | pl.col("prompt").is_null() | (pl.col("prompt").str.strip_chars() == "")
-        | pl.col("answer").is_null() | ~pl.col("answer").cast(pl.String).str.strip_chars().str.contains(r"^-?\d+$")
-    )
-    if bad.height:
-        ids = bad["problem_id"].head(5).to_list()
-        raise ValueError(f"{bad.height} malformed problem row(s) (empty prompt or non-integer answer), e.g. {ids}")
-    if df["problem_id"].n_unique() != df.height:
-        raise ValueError("problem_id values are not unique")
-    return df

@@ -19,3 +19,16 @@ def test_a_user_store_wins_over_out_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tracking.setup("a", str(tmp_path / "one"))
     assert tracking.client().tracking_uri == uri and os.environ["MLFLOW_TRACKING_URI"] == uri
+
+
+def test_a_table_is_logged_once(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_id = tracking.create_run(tracking.setup("t", str(tmp_path)), "r")
+    for value in (0.5, 0.7):  # a retried evaluation logs its table again: MLflow would append the row
+        tracking.log_table(run_id, [{"suite": "aime", "pass1": value}], "eval/final-test.json")
+    table = json.loads(Path(tracking.client().download_artifacts(run_id, "eval/final-test.json", str(tmp_path)))
+                       .read_text())
+    assert table == {"columns": ["suite", "pass1"], "data": [["aime", 0.5]]}

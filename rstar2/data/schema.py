@@ -1,0 +1,89 @@
+"""The problem table every split and suite is read as (the one definition; world loading validates against it).
+
+Parquet (or JSONL, one object per line) with these columns:
+
+    problem_id  str, unique      e.g. "dapo-00017"
+    prompt      str, non-empty   the problem text as the user asks it (the chat template adds the rest)
+    answer      str, non-empty   the reference answer: an integer for RL data ("42"), LaTeX for math suites
+    source      str              where the row came from (dataset or file name)
+
+More columns are kept as they are (the tiny world's generator adds `solution_code`). `rstar2 data import` writes
+this layout from DAPO-Math-17k's, problem/solution sets and plain problem/answer tables.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+COLUMNS = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String}
+REQUIRED = ("problem_id", "prompt", "answer")
+
+
+JSONL = (".jsonl", ".json", ".ndjson")
+
+
+def read_jsonl(path: Path) -> tuple[pl.DataFrame, list[int]]:
+    """The objects of a JSONL file, one row each, and the numbers (1-based) of the lines that are not a JSON object.
+    Numbers and booleans become strings (an answer column often mixes `42` and `"\\frac{1}{2}"`)."""
+    rows, broken = [], []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            broken.append(i)
+            continue
+        rows.append({k: str(v) if isinstance(v, (int, float, bool)) else v for k, v in obj.items()})
+    return pl.DataFrame(rows, infer_schema_length=None), broken
+
+
+def read_table(path: str | Path, allow_broken: bool = False) -> tuple[pl.DataFrame, list[int]] | pl.DataFrame:
+    """A Parquet or JSONL file as a frame; one clear error naming the file for anything else (another file type, an
+    unreadable file, a JSONL line that is not an object). `allow_broken`: return (frame, broken JSONL line numbers)
+    instead of failing on such lines."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: no such file")
+    if p.suffix not in (".parquet", *JSONL):
+        raise ValueError(f"{p}: unknown file type {p.suffix!r}; problem tables are .parquet or .jsonl")
+    try:
+        df, broken = (pl.read_parquet(p), []) if p.suffix == ".parquet" else read_jsonl(p)
+    except Exception as e:  # noqa: BLE001 - the reader's own message, with the file named
+        raise ValueError(f"{p}: cannot be read as {p.suffix[1:]} ({str(e).splitlines()[0]})") from e
+    if allow_broken:
+        return df, broken
+    if broken:
+        raise ValueError(f"{p}: line(s) {broken[:5]} are not JSON objects")
+    return df
+
+
+def malformed(df: pl.DataFrame) -> pl.Expr:
+    """Rows that cannot be used: a missing id, or an empty prompt or answer."""
+    empty = lambda c: pl.col(c).is_null() | (pl.col(c).cast(pl.String).str.strip_chars() == "")  # noqa: E731
+    return empty("problem_id") | empty("prompt") | empty("answer")
+
+
+def validate(df: pl.DataFrame, where: str = "problem table") -> pl.DataFrame:
+    """Check a problem table before it is used (columns, no malformed rows, unique ids); one clear error naming
+    `where` (the file) and what is wrong. Answers become strings; a missing `source` is filled with `where`'s name."""
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"{where} lacks column(s) {missing}; it has {df.columns} (needs {list(REQUIRED)}; "
+                         f"`rstar2 data import` converts other layouts)")
+    df = df.with_columns(pl.col(c).cast(pl.String) for c in REQUIRED)
+    if "source" not in df.columns:
+        df = df.with_columns(source=pl.lit(Path(where).stem))
+    bad = df.filter(malformed(df))
+    if bad.height:
+        raise ValueError(f"{where}: {bad.height} malformed row(s) (missing id, empty prompt or answer), "
+                         f"e.g. {bad['problem_id'].head(3).to_list()}")
+    if df["problem_id"].n_unique() != df.height:
+        dup = df.filter(pl.col("problem_id").is_duplicated())["problem_id"].unique().head(3).to_list()
+        raise ValueError(f"{where}: problem_id values are not unique, e.g. {dup}")
+    return df

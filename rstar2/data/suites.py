@@ -1,0 +1,37 @@
+"""Evaluation suites (`eval.suites`): local files of AIME 2024/2025, HMMT, MATH-500, GPQA-Diamond and the like, read
+into the problem schema. The layout follows the answer type: `choice` reads GPQA's columns (a lettered prompt, the
+correct letter as the answer); `integer` and `math` read problem + answer (or problem + solution: the solution's last
+`\\boxed{}`). An integer suite whose answers are not all integers, a missing column or an unreadable row is one error
+naming the file: an evaluation set is used whole or not at all."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from rstar2.config import SuiteCfg
+from rstar2.data import clean, formats, schema
+
+
+def load(suite: SuiteCfg, seed: int = 0) -> pl.DataFrame:
+    """The suite's problems (problem_id, prompt, answer, source = the suite's name)."""
+    raw = schema.read_table(suite.path)
+    if suite.answer_type == "choice":
+        fmt = "choice"
+    else:
+        has = lambda names: formats.first_column(raw.columns, names) is not None  # noqa: E731
+        fmt = "solution" if has(formats.PROBLEM_COLS) and has(formats.SOLUTION_COLS) and not has(
+            formats.ANSWER_COLS) else "plain"
+    df, bad = formats.convert(raw, fmt, suite.path, seed)
+    if bad:
+        raise ValueError(f"suite {suite.name} ({suite.path}): {len(bad)} unreadable row(s), e.g. {bad[0].detail}")
+    if suite.answer_type == "integer":
+        odd = df.filter(~pl.col("answer").map_elements(clean.is_integer, return_dtype=pl.Boolean))
+        if odd.height:
+            raise ValueError(f"suite {suite.name} ({suite.path}): answer_type is integer but {odd.height} answer(s) "
+                             f"are not, e.g. {odd['answer'].head(2).to_list()} (use answer_type: math)")
+    return schema.validate(df.with_columns(source=pl.lit(suite.name)), suite.path)
+
+
+def problems(suites: list[SuiteCfg], seed: int = 0) -> dict[str, str]:
+    """Every suite problem's text by `<suite>/<problem_id>` (what decontamination compares training data against)."""
+    return {f"{s.name}/{r['problem_id']}": r["prompt"] for s in suites for r in load(s, seed).iter_rows(named=True)}
