@@ -1,7 +1,9 @@
 """A trajectory and its turns (paper §2.1, implementation notes §4.3, §12.1); rstar2.agent_loop drives them.
 
 Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn. Model tokens get loss mask
-1; tool turns (`<tool_response>` + the re-opened assistant `<reason>`) get loss mask 0. A turn with a tool call runs
+1; tool turns (`<tool_response>` + the re-opened assistant `<reason>`) get loss mask 0. When the engine returns the
+sampled tokens' log-probs (asked for by trainer.old_logprobs=engine or trainer.tis_cap), they are recorded aligned
+with the response (`response_logprobs`: tool tokens, which the model did not sample, get 0.0 under loss mask 0). A turn with a tool call runs
 the first call in the sandbox (a broken call becomes a parse-error tool response, as in the paper); a turn without
 one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
@@ -49,6 +51,8 @@ class Trajectory:
     truncated: bool = False
     done: bool = False
     seed: int | None = None  # its turns' seeds derive from it (turn_seed); None: the engine's own random stream
+    response_logprobs: list[float] | None = None  # the engine's, one per response token (0.0 on tool tokens); None:
+    # not asked for
 
     @property
     def num_turns(self) -> int:
@@ -118,13 +122,27 @@ def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutL
     return trajs
 
 
-def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits) -> Pending | None:
-    """Append a model turn (loss mask 1); what follows it (after_turn)."""
+def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits,
+               logprobs: list[float] | None = None) -> Pending | None:
+    """Append a model turn (loss mask 1) and, when the engine gave them, its tokens' log-probs; what follows it
+    (after_turn)."""
+    _record_logprobs(t, ids, logprobs)
     t.response_ids += ids
     t.loss_mask += [1] * len(ids)
     text = tokenizer.decode(ids, skip_special_tokens=False)
     t.assistant_turns.append(text)
     return after_turn(t, text, finish, limits)
+
+
+def _record_logprobs(t: Trajectory, ids: list[int], logprobs: list[float] | None) -> None:
+    """A trajectory records log-probs for every model turn or for none (its engines' client asks for all or none)."""
+    if logprobs is None and t.response_logprobs is None:
+        return
+    if logprobs is None or len(logprobs) != len(ids) or (t.response_logprobs is None and t.response_ids):
+        raise ValueError(f"trajectory {t.problem_id}/{t.sample_idx}: a turn of {len(ids)} tokens came back with "
+                         f"{'no' if logprobs is None else len(logprobs)} log-probs, after "
+                         f"{'none' if t.response_logprobs is None else len(t.response_logprobs)} recorded")
+    t.response_logprobs = (t.response_logprobs or []) + [float(x) for x in logprobs]
 
 
 def tool_result(p: Pending, res: ExecResult, limits: RolloutLimits) -> None:
@@ -142,11 +160,14 @@ def tool_turn(p: Pending, tokenizer) -> bool:
         return False
     p.traj.response_ids += ids
     p.traj.loss_mask += [0] * len(ids)
+    if p.traj.response_logprobs is not None:
+        p.traj.response_logprobs += [0.0] * len(ids)  # not sampled by the model; loss mask 0 keeps them out
     return True
 
 
 def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
-    """Flat records for the rollout Parquet table (one row per trajectory)."""
+    """Flat records for the rollout Parquet table (one row per trajectory); `response_logprobs` only when the
+    engine's were recorded (a trainer that needs them refuses a table without)."""
     return [dict(
         problem_id=t.problem_id, sample_idx=t.sample_idx, gold=t.gold, prompt_ids=t.prompt_ids,
         response_ids=t.response_ids, loss_mask=t.loss_mask, tool_statuses=t.tool_statuses,
@@ -154,4 +175,5 @@ def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
         truncated=t.truncated, response_len=len(t.response_ids),
         assistant_text="\n".join(t.assistant_turns), final_text=t.assistant_turns[-1] if t.assistant_turns else "",
         response_text=tokenizer.decode(t.response_ids, skip_special_tokens=False),
+        **({} if t.response_logprobs is None else {"response_logprobs": t.response_logprobs}),
     ) for t in trajs]

@@ -37,7 +37,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         time.sleep(0.5)
         short = [client.submit(p, 4) for p in prompts[4:8]]  # arrive while the long ones generate
         for f in short:
-            ids, finish, stats = f.result(timeout=120)
+            ids, finish, stats, _ = f.result(timeout=120)
             assert 1 <= len(ids) <= 4 and set(stats) >= {"kv_usage", "preemptions", "steps"}
         assert sum(f.done() for f in long) < 4  # the short turns did not wait for the long ones
         probe = client.probe().result(timeout=60)
@@ -49,7 +49,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         took = ray.get(reload, timeout=300)
         assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
         outs = [f.result(timeout=120) for f in long + later]
-        assert all(len(ids) >= 1 for ids, _, _ in outs)
+        assert all(len(ids) >= 1 for ids, *_ in outs)
         assert ray.get(actor.info.remote())["weights"] == str(moved)
         # the reloaded weights are the ones sampling now: greedy equals a fresh engine on them
         greedy = ray.get(actor.generate.remote(prompts[:4], [12] * 4, 0.0))
