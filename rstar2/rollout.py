@@ -47,6 +47,8 @@ class Trajectory:
     loss_mask: list[int] = field(default_factory=list)
     tool_statuses: list[str] = field(default_factory=list)
     tool_wall_s: list[float] = field(default_factory=list)
+    tool_replies: list[str] = field(default_factory=list)  # the text each call got back (with tool_statuses: the
+    # k-th call is model turn k's: every turn but the last either called the tool or ended the trajectory)
     assistant_turns: list[str] = field(default_factory=list)
     truncated: bool = False
     done: bool = False
@@ -93,13 +95,11 @@ def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits) 
         traj.truncated = traj.done = True
         return None
     if parsed.error is not None:
-        traj.tool_statuses.append("parse_error")
-        traj.tool_wall_s.append(0.0)
+        _tool_done(traj, "parse_error", 0.0, parsed.error)
         return Pending(traj, reply=parsed.error)
     req = tool_call_to_request(parsed.calls[0])  # max_parallel_calls = 1, as released
     if isinstance(req, str):
-        traj.tool_statuses.append("error")
-        traj.tool_wall_s.append(0.0)
+        _tool_done(traj, "error", 0.0, req)
         return Pending(traj, reply=req)
     return Pending(traj, request=req)
 
@@ -147,9 +147,14 @@ def _record_logprobs(t: Trajectory, ids: list[int], logprobs: list[float] | None
 
 def tool_result(p: Pending, res: ExecResult, limits: RolloutLimits) -> None:
     """The sandbox's answer to p's call becomes its reply text."""
-    p.traj.tool_statuses.append(res.status)
-    p.traj.tool_wall_s.append(res.wall_s)
     p.reply = format_tool_response(res, limits.tool_response_chars)
+    _tool_done(p.traj, res.status, res.wall_s, p.reply)
+
+
+def _tool_done(t: Trajectory, status: str, wall_s: float, reply: str) -> None:
+    t.tool_statuses.append(status)
+    t.tool_wall_s.append(wall_s)
+    t.tool_replies.append(reply)
 
 
 def tool_turn(p: Pending, tokenizer) -> bool:
