@@ -1,12 +1,14 @@
 """A trajectory and its turns (paper §2.1, implementation notes §4.3, §12.1); rstar2.agent_loop drives them.
 
 Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn. Model tokens get loss mask
-1; tool turns (`<tool_response>` + the re-opened assistant `<reason>`) get loss mask 0. When the engine returns the
-sampled tokens' log-probs (asked for by trainer.old_logprobs=engine or trainer.tis_cap), they are recorded aligned
-with the response (`response_logprobs`: tool tokens, which the model did not sample, get 0.0 under loss mask 0). A turn with a tool call runs
+1; tool turns (`<tool_response>` + the re-opened assistant `<reason>`) get loss mask 0. A turn with a tool call runs
 the first call in the sandbox (a broken call becomes a parse-error tool response, as in the paper); a turn without
 one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
+
+When the engine returns the sampled tokens' log-probs (asked for when trainer.old_logprobs=engine or trainer.tis_cap
+reads them), they are recorded aligned with the response (`response_logprobs`): tool tokens, which the model did not
+sample, get 0.0, and their loss mask 0 keeps them out of the loss.
 
 With a seed, every trajectory-turn samples from a seed of its own (`Trajectory.turn_seed`: the run's seed, problem,
 sample and turn), so the rollout is a function of the seed and the weights: the same whatever the policy, the

@@ -15,7 +15,7 @@ RECORDED = {"roc": [0.50, 0.55, 0.45], "plain-grpo": [0.30, 0.31, 0.29]}  # pass
 
 
 def recorder(out, calls: list):
-    """A stand-in for the campaign flow: the variant's recorded seeds, as MLflow runs under `out`; records its params."""
+    """A stand-in for the campaign flow: the variant's recorded seeds as MLflow runs under `out`; keeps its params."""
     def recorded_campaign(params):
         cfg = config.load(params.preset, params.overrides)
         exp = tracking.setup(cfg.experiment, cfg.out_dir)

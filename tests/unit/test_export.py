@@ -40,7 +40,8 @@ def test_export_writes_a_plain_model_directory_with_the_same_logits(run_checkpoi
     out = export.export(src, tmp_path / "hf")
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
-    assert not names & {STATE_FILE, checkpoint.MARKER} and not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    assert not names & {STATE_FILE, checkpoint.MARKER}  # no trainer state, no checkpoint seal
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     tok_src, tok_out = load(src), load(out)
     assert tok_out.chat_template == tok_src.chat_template and tok_out.eos_token == "<|im_end|>"
     ids = torch.tensor([tok_src("Compute 12 * 7.")["input_ids"]])

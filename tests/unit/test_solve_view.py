@@ -18,8 +18,8 @@ def test_turns_pair_each_call_with_its_status_and_reply_and_the_view_shows_every
     t = Trajectory("p", 0, "42", [1], 100, assistant_turns=[CALL, BROKEN, ANSWER], tool_statuses=["ok", "parse_error"],
                    tool_replies=["Tool call success\nstdout: 42\n", "Failed to decode tool call: Expecting value"])
     got = turns(t)
-    assert [g["reasoning"] for g in got] == ["\nmultiply\n" + T.REASON_CLOSE + "\n", "\nagain\n" + T.REASON_CLOSE + "\n",
-                                             ANSWER]
+    reasoning = [g["reasoning"] for g in got]
+    assert reasoning == ["\nmultiply\n" + T.REASON_CLOSE + "\n", "\nagain\n" + T.REASON_CLOSE + "\n", ANSWER]
     assert got[0]["tool"] == {"code": "print(int(input()) * 7)", "input": "6", "status": "ok",
                               "output": "Tool call success\nstdout: 42\n"}
     assert got[1]["tool"]["code"] is None and got[1]["tool"]["status"] == "parse_error" and got[2]["tool"] is None
