@@ -215,7 +215,7 @@ class EngineLoop:
         if self._futs:
             finished = self.backend.step()
             self.steps += 1
-            self.generated += sum(len(ids) for _, ids, _ in finished)
+            self.generated += sum(len(ids) for _, ids, *_ in finished)
             snap = self.stats() if finished else None
             for rid, ids, finish, logprobs in finished:
                 self._futs.pop(rid).set_result((ids, finish, snap, logprobs))
