@@ -194,17 +194,23 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
               temperature: Optional[float] = typer.Option(None, help="default: the preset's eval.temperature"),
               max_turns: Optional[int] = typer.Option(None, help="default: the preset's eval.max_turns"),
               seed: int = typer.Option(0, help="sampling seed"),
-              preset: str = typer.Option("tiny", help="engine, sandbox and length settings (context: "
-                                                      "world.max_positions, response: eval.max_response_tokens)"),
+              preset: Optional[str] = typer.Option(None, help="engine, sandbox and length settings (context: "
+                                                               "world.max_positions, response: "
+                                                               "eval.max_response_tokens); default: the config of "
+                                                               "the checkpoint's run, else tiny"),
               set_: list[str] = typer.Option([], "--set"),
               json_path: Optional[Path] = typer.Option(None, "--json", help="write the trajectory here")):
     """Run one trajectory of a model on a problem and print it turn by turn: reasoning, code, tool output, the final
     answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
     env.apply()
-    _check_preset(preset, set_)
-    from rstar2 import config, solve
+    from rstar2 import config, runstate, solve
 
     _check_model_dir(checkpoint)
+    if preset is None:
+        found = runstate.config_of(checkpoint)
+        preset = str(found) if found else "tiny"
+        console.print(f"settings: {preset}", style="dim")
+    _check_preset(preset, set_)
     rec = solve.solve(str(checkpoint), problem, config.load(preset, set_), answer, temperature, max_turns, seed)
     for part in trajectory_view(rec):
         console.print(part)

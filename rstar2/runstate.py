@@ -30,6 +30,15 @@ def sft_model(run: Path, cfg: RunCfg) -> str:
     return str(run / "sft") if cfg.sft.enabled else build.uris(cfg, run / "world")["init_model"]
 
 
+def config_of(model_dir: str | Path) -> Path | None:
+    """The resolved config (`<run>/config.json`) of the run a model directory belongs to (`<run>/sft`,
+    `<run>/checkpoints/<stage>/step-N`, `<run>/seed-K/checkpoints/...`), or None for a model outside a run."""
+    for d in Path(model_dir).resolve().parents[:4]:
+        if (d / "config.json").is_file() and (d / "world").is_dir():
+            return d / "config.json"
+    return None
+
+
 def stage_ckpts(run: Path, stage: StageCfg) -> Path:
     return run / "checkpoints" / stage.name
 

@@ -16,3 +16,16 @@ def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp
     # before any RL checkpoint the run resumes from it (the trainer and engines load it)
     assert runstate.resume_point(run, off, runstate.sft_model(run, off)) == (str(Path(run) / "world" / "init_model"),
                                                                             False)
+
+
+def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(tmp_path):
+    run = tmp_path / "runs" / "r"
+    (run / "world").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for model in (run / "sft", run / "checkpoints" / "stage1" / "step-0002", run / "seed-1" / "checkpoints" / "s" /
+                  "step-0001"):
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")  # the model's own (Hugging Face) config is not the run's
+        assert runstate.config_of(model) == run / "config.json"
+    (tmp_path / "hf").mkdir()
+    assert runstate.config_of(tmp_path / "hf") is None
