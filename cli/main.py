@@ -196,6 +196,88 @@ def evaluate(preset: str = typer.Option("tiny"), run_name: Optional[str] = typer
     _write_json(json_path, res)
 
 
+@app.command("solve")
+def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
+              checkpoint: Path = typer.Option(..., help="a run's checkpoint or a Hugging Face model directory"),
+              answer: Optional[str] = typer.Option(None, help="the gold answer: also print the reward"),
+              temperature: Optional[float] = typer.Option(None, help="default: the preset's eval.temperature"),
+              max_turns: Optional[int] = typer.Option(None, help="default: the preset's eval.max_turns"),
+              seed: int = typer.Option(0, help="sampling seed"),
+              preset: Optional[str] = typer.Option(None, help="engine, sandbox and length settings (context: "
+                                                               "world.max_positions, response: "
+                                                               "eval.max_response_tokens); default: the config of "
+                                                               "the checkpoint's run, else tiny"),
+              set_: list[str] = typer.Option([], "--set"),
+              json_path: Optional[Path] = typer.Option(None, "--json", help="write the trajectory here")):
+    """Run one trajectory of a model on a problem and print it turn by turn: reasoning, code, tool output, the final
+    answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
+    env.apply()
+    from rstar2 import config, runstate, solve
+
+    _check_model_dir(checkpoint)
+    if preset is None:
+        found = runstate.config_of(checkpoint)
+        preset = str(found) if found else "tiny"
+        console.print(f"settings: {preset}", style="dim")
+    _check_preset(preset, set_)
+    rec = solve.solve(str(checkpoint), problem, config.load(preset, set_), answer, temperature, max_turns, seed)
+    for part in trajectory_view(rec):
+        console.print(part)
+    _write_json(json_path, rec)
+
+
+def trajectory_view(rec: dict) -> list:
+    """The problem, then per turn its reasoning, the code it ran and the tool's output (status in the title), then
+    the final answer and the reward (rich renderables, in order)."""
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+
+    from rstar2.sandbox import OK
+
+    out = [Panel(escape(rec["problem"]), title="problem", title_align="left")]
+    for i, t in enumerate(rec["turns"], 1):
+        out.append(Panel(escape(t["reasoning"].strip()) or "-", title=f"turn {i}: reasoning", title_align="left"))
+        tool = t["tool"]
+        if tool is None:
+            continue
+        if tool["code"] is not None:
+            stdin = f" (input {tool['input']!r})" if tool["input"] else ""
+            out.append(Panel(Syntax(tool["code"], "python"), title=escape(f"turn {i}: code{stdin}"),
+                             title_align="left"))
+        out.append(Panel(escape(tool["output"]), title=escape(f"turn {i}: tool output [{tool['status']}]"),
+                         title_align="left", border_style="green" if tool["status"] == OK else "red"))
+    end = f"final answer: {escape(str(rec['final_answer']))}" + (" (truncated)" if rec["truncated"] else "")
+    if rec["reward"] is not None:
+        end += f"   reward: {rec['reward']:g} (gold {escape(rec['gold'])})"
+    out.append(end)
+    return out
+
+
+def _check_model_dir(path: Path) -> None:
+    from rstar2 import export
+
+    try:
+        export.model_dir(path)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+
+
+@app.command("export")
+def export_cmd(checkpoint: Path = typer.Option(..., help="a run's checkpoint or a Hugging Face model directory"),
+               out: Path = typer.Option(..., help="the directory to write (new, or empty)")):
+    """Write a model as a plain Hugging Face model directory (weights, config, generation config, tokenizer with its
+    chat template; no optimizer or trainer state) that `vllm serve` and transformers load."""
+    from rstar2 import export
+
+    try:
+        path = export.export(checkpoint, out)
+    except (ValueError, FileExistsError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    console.print(f"wrote {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
+
+
 @app.command()
 def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
           out_dir: Path = typer.Option(Path("runs"), help="where runs and the shared MLflow store live"),

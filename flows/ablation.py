@@ -40,7 +40,10 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     for v in params.variants:
         summary = campaign(CampaignParams(preset=params.preset, overrides=params.overrides + ablations.overrides(v),
                                           run_name=f"{params.name}-{v}", sft_checkpoint=sft, seeds=params.seeds))
-        sft = sft or str(Path(summary["run_dir"]) / "sft")  # later variants start from the first one's SFT model
+        # later variants start from the first one's SFT model; with SFT off there is none to share: each starts
+        # from its own world's initial model (the same seed: the same weights)
+        if base_cfg.sft.enabled:
+            sft = sft or runstate.sft_model(Path(summary["run_dir"]), base_cfg)
         results[v] = summary
     out = runstate.run_dir(base_cfg, params.name)
     exp_id, run_id = track.open_run(base_cfg.experiment, base_cfg.out_dir, params.name, str(out),

@@ -125,7 +125,7 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
             raise ValueError("model (a plain HF model directory) is for manual runs, instead of a checkpoint")
         return _evaluate_model(cfg, run, str(Path(params.model).resolve()), split)
     if params.trigger == "manual":
-        model_dir = params.checkpoint or runstate.resume_point(run, cfg, str(run / "sft"))[0]
+        model_dir = params.checkpoint or runstate.resume_point(run, cfg, runstate.sft_model(run, cfg))[0]
     else:
         if params.trigger == "checkpoint" and not cfg.eval.on_checkpoint:
             return _skip(log, f"eval.on_checkpoint is off for {cfg.name}")

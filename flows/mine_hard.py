@@ -50,7 +50,7 @@ def mine_hard(params: MineParams = MineParams()) -> dict:
     index = [s.name for s in cfg.stages].index(params.stage) if params.stage in [s.name for s in cfg.stages] else None
     if index is None:
         raise ValueError(f"preset {params.preset!r} has no stage {params.stage!r}: {[s.name for s in cfg.stages]}")
-    ckpt = params.checkpoint or runstate.stage_start(run, cfg, index, str(run / "sft"))[0]
+    ckpt = params.checkpoint or runstate.stage_start(run, cfg, index, runstate.sft_model(run, cfg))[0]
     with run_context(cfg, run, f"{run.name}-mine", {"kind": "campaign", "preset": params.preset}) as ctx:
         rl.start_actors(ctx.ctl, cfg, ckpt, with_trainer=False)
         return mine_hard_set(cfg, params.stage, ctx.ctl, ctx.world, str(run), ctx.experiment_id, ctx.mlflow_run_id,

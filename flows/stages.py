@@ -4,6 +4,8 @@ subflows; all of them resume from the run directory's committed state."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow
 from pydantic import BaseModel
 
@@ -45,9 +47,12 @@ def run_stage(params: StageParams = StageParams()) -> dict:
     unfinished = [s.name for s in cfg.stages[:index] if runstate.finished(run, s) is None]
     if unfinished:
         raise ValueError(f"stage {params.stage!r} starts after {unfinished}, which have not finished in {run}")
+    sft_model = runstate.sft_model(run, cfg)
+    resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
+    if not is_rl and cfg.sft.enabled and not checkpoint.is_committed(Path(sft_model)):
+        raise ValueError(f"{sft_model} is not a committed SFT model: run the `sft` flow first, or set "
+                         f"sft.enabled=false to start RL from the initial model")
     with run_context(cfg, run, run.name, {"kind": "campaign", "preset": params.preset}) as ctx:
-        sft_model = str(run / "sft") if checkpoint.is_committed(run / "sft") else ctx.world["init_model"]
-        resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
         rl.start_actors(ctx.ctl, cfg, resume)
         if is_rl:
             rl.restore_trainer(ctx.ctl, resume)

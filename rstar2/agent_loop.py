@@ -37,8 +37,9 @@ class EngineClient(Protocol):
     block_size: int  # vLLM's KV block in tokens
 
     def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
-        """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it).
-        priority: the engine's (vLLM's: lower runs first and is preempted last)."""
+        """One trajectory-turn; the future resolves to (new ids, finish reason, the engine's stats after it, the
+        sampled tokens' log-probs or None when the client does not ask for them). priority: the engine's (vLLM's:
+        lower runs first and is preempted last)."""
 
     def probe(self) -> Future:
         """The engine's stats: kv_usage (fraction of KV blocks in use), preemptions (cumulative), steps (engine
@@ -59,6 +60,7 @@ class TurnDone:
     ids: list[int]
     finish: str
     stats: dict
+    logprobs: list[float] | None
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,10 @@ class EngineError:
 
 def _turn_event(e: int, tid: int, f: Future) -> TurnDone | EngineError:
     try:
-        ids, finish, stats = f.result()
+        ids, finish, stats, logprobs = f.result()
     except Exception as err:  # noqa: BLE001 - a dead or broken engine: requeue, the batch completes
         return EngineError(e, repr(err))
-    return TurnDone(e, tid, ids, finish, stats)
+    return TurnDone(e, tid, ids, finish, stats, logprobs)
 
 
 def _probe_event(e: int, f: Future) -> Probed | EngineError:
@@ -262,7 +264,7 @@ class AgentLoop:
         t, w, now = self.trajs[ev.tid], self.watch[ev.engine], self.now()
         w.turn_back(now)
         w.stats(ev.stats, now)
-        p = model_turn(t, ev.ids, ev.finish, self.tok, self.limits)
+        p = model_turn(t, ev.ids, ev.finish, self.tok, self.limits, ev.logprobs)
         if p is None:
             then = END
         elif p.request is not None:

@@ -38,13 +38,24 @@ def commit(final_dir: Path, write: Callable[[Path], None], meta: dict) -> Path:
     final_dir = Path(final_dir)
     if is_committed(final_dir):
         raise FileExistsError(f"checkpoint {final_dir} is already committed")
+
+    def sealed(tmp: Path) -> None:
+        write(tmp)
+        (tmp / MARKER).write_text(json.dumps({**meta, "files": _digest(tmp), "committed_at": time.time()}, indent=1))
+
+    return write_dir_atomic(final_dir, sealed)
+
+
+def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, and rename it to `final_dir` (which it
+    replaces if present): readers see the whole directory or none of it."""
+    final_dir = Path(final_dir)
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
         write(tmp)
-        (tmp / MARKER).write_text(json.dumps({**meta, "files": _digest(tmp), "committed_at": time.time()}, indent=1))
         _fsync_tree(tmp)
-        if final_dir.exists():  # an uncommitted leftover with the final name: never valid, replace it
+        if final_dir.exists():  # e.g. an uncommitted leftover with a checkpoint's name: never valid, replace it
             shutil.rmtree(final_dir)
         os.rename(tmp, final_dir)
     except BaseException:

@@ -50,8 +50,9 @@ class EngineClient:
     IDLE_EXIT_S = 2.0
     POLL_S = 1.0  # a collect returns after this long even with nothing finished (the collector then re-checks)
 
-    def __init__(self, handle, temperature: float, top_p: float, block_size: int = 1):
+    def __init__(self, handle, temperature: float, top_p: float, block_size: int = 1, logprobs: bool = False):
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
+        self.logprobs = logprobs  # every turn also returns the engine's log-prob of each sampled token
         self.block_size = block_size  # vLLM's KV block in tokens: the scheduler counts KV in whole blocks
         self._cv = threading.Condition()
         self._outgoing: list[tuple] = []  # (key, prompt, max_tokens, seed, priority), not sent yet
@@ -93,16 +94,16 @@ class EngineClient:
                 batch, self._outgoing = self._outgoing, []
             keys = [t[0] for t in batch]
             try:
-                ref = self.handle.add_turns.remote(self._id, batch, self.temperature, self.top_p)
+                ref = self.handle.add_turns.remote(self._id, batch, self.temperature, self.top_p, self.logprobs)
             except Exception as err:  # noqa: BLE001 - the actor is gone: its turns fail, the caller requeues
-                self._resolve([(k, None, repr(err), None) for k in keys])
+                self._resolve([(k, None, repr(err), None, None) for k in keys])
                 continue
             ref.future().add_done_callback(lambda f, keys=keys: self._sent(f, keys))
 
     def _sent(self, fut: Future, keys: list[int]) -> None:
         """`add_turns` answered: if it failed, so did its turns."""
         if fut.exception() is not None:
-            self._resolve([(k, None, repr(fut.exception()), None) for k in keys])
+            self._resolve([(k, None, repr(fut.exception()), None, None) for k in keys])
 
     def _collect_loop(self) -> None:
         while True:
@@ -114,16 +115,16 @@ class EngineClient:
             except Exception as err:  # noqa: BLE001 - a dead actor: every turn out there fails
                 with self._cv:
                     keys = list(self._pending)
-                done = [(k, None, repr(err), None) for k in keys]
+                done = [(k, None, repr(err), None, None) for k in keys]
             self._resolve(done)
 
     def _resolve(self, done: list[tuple]) -> None:
         with self._cv:
             futs = [(self._pending.pop(key, None), rest) for key, *rest in done]
-        for fut, (ids, finish, stats) in futs:
+        for fut, (ids, finish, stats, logprobs) in futs:
             if fut is None or fut.done():
                 continue
             if ids is None:
                 fut.set_exception(RuntimeError(f"engine turn failed: {finish}"))
             else:
-                fut.set_result((ids, finish, stats))
+                fut.set_result((ids, finish, stats, logprobs))

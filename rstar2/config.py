@@ -120,6 +120,12 @@ class TrainerCfg(_Cfg):
     zero_stage: Literal[2, 3] = 2
     world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each); > 1 needs backend=deepspeed
 
+    @property
+    def engine_logprobs(self) -> bool:
+        """Whether the update reads the rollout engine's log-probs (so the rollout must record them; otherwise it
+        does not ask the engine for any)."""
+        return self.old_logprobs == "engine" or self.tis_cap is not None
+
     @model_validator(mode="after")
     def _check(self) -> "TrainerCfg":
         if self.world_size > 1 and self.backend != "deepspeed":

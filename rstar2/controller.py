@@ -91,11 +91,12 @@ class Controller:
 
     # --- engines
 
-    def engine_clients(self, temperature: float, top_p: float) -> EngineSet:
+    def engine_clients(self, temperature: float, top_p: float, logprobs: bool = False) -> EngineSet:
         """A client per engine (the agent loop submits turns through them) and each engine's KV capacity in tokens
-        (num_gpu_blocks x block_size)."""
+        (num_gpu_blocks x block_size). `logprobs`: every turn also returns the engine's log-prob of each sampled
+        token (the rollout records them for trainer.old_logprobs=engine / tis_cap)."""
         caps = [int(i["kv_capacity_tokens"]) for i in self._engine_info]
-        return EngineSet([EngineClient(e, temperature, top_p, int(i["block_size"] or 1))
+        return EngineSet([EngineClient(e, temperature, top_p, int(i["block_size"] or 1), logprobs)
                           for e, i in zip(self.engines, self._engine_info)], caps)
 
     def sync_weights(self, model_dir: str) -> str:

@@ -23,6 +23,10 @@ Sampling is seeded per request when the caller gives a seed (the agent loop give
 a turn's tokens then do not depend on which engine runs it or what is batched beside it, so a scheduled rollout
 is reproducible although its order is timing. vLLM's CPU backend cannot rewind a request's generator after a
 partial prefill, so there every prefill is whole (chunked prefill off; a step takes a whole context).
+
+A request may also ask for the log-prob of each token it samples (vLLM's `logprobs=0`, taken from the raw logits
+before temperature and top-p: the distribution the trainer's own log-probs are of). Only RL rollouts ask, and only when
+the trainer reads them (trainer.old_logprobs=engine, trainer.tis_cap); a request that does not ask costs nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-# a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after)
-TurnOut = tuple[list[int], str, dict]
+# a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
+# log-prob of each new token when the request asked for them, else None)
+TurnOut = tuple[list[int], str, dict, list[float] | None]
 
 
 @dataclass
@@ -55,12 +60,14 @@ class Backend(Protocol):
     """What EngineLoop drives: vLLM's LLMEngine (see VLLMEngine), or a toy in unit tests."""
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
-            seed: int | None = None, priority: int = 0) -> None:
+            seed: int | None = None, priority: int = 0, logprobs: bool = False) -> None:
         """Admit a request; `seed` makes its sampling its own (independent of what else is batched with it);
-        `priority`: vLLM's (lower runs first and is preempted last)."""
+        `priority`: vLLM's (lower runs first and is preempted last); `logprobs`: also return the log-prob of each
+        sampled token."""
 
-    def step(self) -> list[tuple[str, list[int], str]]:
-        """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason)."""
+    def step(self) -> list[tuple[str, list[int], str, list[float] | None]]:
+        """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason, the
+        sampled tokens' log-probs or None when the request did not ask for them)."""
 
     def reload(self, model_dir: str) -> None: ...
 
@@ -95,14 +102,15 @@ class EngineLoop:
 
     # ---- callers (any thread) ---------------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-               seed: int | None = None, priority: int = 0) -> Future:
-        return self.submit_many([prompt], [max_tokens], temperature, top_p, [seed], [priority])[0]
+               seed: int | None = None, priority: int = 0, logprobs: bool = False) -> Future:
+        return self.submit_many([prompt], [max_tokens], temperature, top_p, [seed], [priority], logprobs)[0]
 
     def submit_many(self, prompts: list[list[int]], max_tokens: list[int], temperature: float = 1.0,
                     top_p: float = 1.0, seeds: list[int | None] | None = None,
-                    priorities: list[int] | None = None) -> list[Future]:
+                    priorities: list[int] | None = None, logprobs: bool = False) -> list[Future]:
         """Enqueue requests together (admitted in the same step, in order, like one `LLM.generate` call).
-        priorities: vLLM's (lower runs first and is preempted last; all 0: first come, first served)."""
+        priorities: vLLM's (lower runs first and is preempted last; all 0: first come, first served). logprobs: each
+        turn also carries the engine's log-prob of every sampled token (asked only when a trainer reads them)."""
         futs = [Future() for _ in prompts]
         seeds = seeds or [None] * len(prompts)
         priorities = priorities or [0] * len(prompts)
@@ -111,7 +119,7 @@ class EngineLoop:
                 for f in futs:
                     f.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
                 return futs
-            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, pr, f)
+            self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, pr, logprobs, f)
                                         for p, m, s, pr, f in zip(prompts, max_tokens, seeds, priorities, futs)]))
             self._cv.notify()
         return futs
@@ -207,15 +215,15 @@ class EngineLoop:
         if self._futs:
             finished = self.backend.step()
             self.steps += 1
-            self.generated += sum(len(ids) for _, ids, _ in finished)
+            self.generated += sum(len(ids) for _, ids, *_ in finished)
             snap = self.stats() if finished else None
-            for rid, ids, finish in finished:
-                self._futs.pop(rid).set_result((ids, finish, snap))
+            for rid, ids, finish, logprobs in finished:
+                self._futs.pop(rid).set_result((ids, finish, snap, logprobs))
 
     def _add(self, reqs: list[tuple]) -> None:
-        for rid, prompt, max_tokens, temperature, top_p, seed, priority, fut in reqs:
+        for rid, prompt, max_tokens, temperature, top_p, seed, priority, logprobs, fut in reqs:
             self._futs[rid] = fut
-            self.backend.add(rid, prompt, max_tokens, temperature, top_p, seed, priority)
+            self.backend.add(rid, prompt, max_tokens, temperature, top_p, seed, priority, logprobs)
 
     def _fail(self, err: BaseException) -> None:
         with self._cv:
@@ -257,18 +265,21 @@ class _VLLMBackend:
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
         self.eos_id = self.engine.get_tokenizer().eos_token_id
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0, logprobs=False):
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        # logprobs=0: the sampled token's log-prob alone; vLLM's default logprobs_mode "raw_logprobs" takes it from the
+        # model's logits before temperature / top-p, the same distribution the trainer's log-probs are of
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                 stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+                                output_kind=RequestOutputKind.FINAL_ONLY, logprobs=0 if logprobs else None,
+                                flat_logprobs=True)
         self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority)
 
     def step(self):
-        return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop")
-                for o in self.engine.step() if o.finished]
+        return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop",
+                 _sampled_logprobs(o.outputs[0].logprobs)) for o in self.engine.step() if o.finished]
 
     def reload(self, model_dir: str) -> None:
         self.engine.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
@@ -286,6 +297,12 @@ class _VLLMBackend:
         cfg = self.engine.vllm_config.cache_config
         return {"num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
                 "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+
+
+def _sampled_logprobs(flat) -> list[float] | None:
+    """The sampled token's log-prob at each position of vLLM's FlatLogprobs (a request with logprobs=0 has that one
+    entry per position), or None when the request asked for none."""
+    return None if flat is None else [flat.logprobs[i] for i in flat.start_indices]
 
 
 def _stat_sink(backend: _VLLMBackend) -> Callable:
@@ -346,8 +363,31 @@ class VLLMEngine:
     def stats(self) -> dict:
         return self.loop.stats()
 
+    def client(self, temperature: float, top_p: float = 1.0, logprobs: bool = False) -> "LocalClient":
+        """This engine as the agent loop's engine client, in-process (no Ray): `rstar2 solve`, tests."""
+        return LocalClient(self, temperature, top_p, logprobs)
+
     def close(self) -> None:
         self.loop.close()
+
+
+class LocalClient:
+    """An in-process VLLMEngine as the agent loop sees an engine (rstar2.agent_loop.EngineClient); the Ray face of
+    the same is rstar2.cluster.EngineClient. `capacity`: the engine's KV capacity in tokens."""
+
+    def __init__(self, engine: VLLMEngine, temperature: float, top_p: float, logprobs: bool):
+        self.engine, self.temperature, self.top_p, self.logprobs = engine, temperature, top_p, logprobs
+        info = engine.info()
+        self.block_size, self.capacity = int(info["block_size"] or 1), int(info["kv_capacity_tokens"])
+
+    def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
+        return self.engine.loop.submit(prompt, max_tokens, self.temperature, self.top_p, seed, priority,
+                                       self.logprobs)
+
+    def probe(self) -> Future:
+        fut: Future = Future()
+        fut.set_result(self.engine.stats())
+        return fut
 
 
 class EngineActor(VLLMEngine):
@@ -358,17 +398,17 @@ class EngineActor(VLLMEngine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         # client -> (its finished turns not yet collected, set when there are some); a turn is (key, ids, finish,
-        # stats) or (key, None, error, None)
+        # stats, logprobs) or (key, None, error, None, None)
         self._outboxes: dict[str, tuple[list, asyncio.Event]] = {}
 
     async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None, int]],
-                        temperature: float = 1.0, top_p: float = 1.0) -> None:
+                        temperature: float = 1.0, top_p: float = 1.0, logprobs: bool = False) -> None:
         """A client's turns sent together, (key, prompt, max_tokens, seed, priority) each, admitted in the same
         step; each one goes to that client's outbox the moment it finishes, for `collect`. A share of two calls per
         turn instead of a call each."""
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
-                                     [t[3] for t in turns], [t[4] for t in turns])
+                                     [t[3] for t in turns], [t[4] for t in turns], logprobs)
         for (key, *_), fut in zip(turns, futs):
             fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, client, key, f))
 
@@ -380,7 +420,7 @@ class EngineActor(VLLMEngine):
     def _finished(self, client: str, key: int, fut) -> None:
         box, ready = self._box(client)
         err = fut.exception()
-        box.append((key, None, repr(err), None) if err is not None else (key, *fut.result()))
+        box.append((key, None, repr(err), None, None) if err is not None else (key, *fut.result()))
         ready.set()
 
     async def collect(self, client: str, wait_s: float = 1.0) -> list[tuple]:

@@ -6,6 +6,10 @@ the first call in the sandbox (a broken call becomes a parse-error tool response
 one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
 
+When the engine returns the sampled tokens' log-probs (asked for when trainer.old_logprobs=engine or trainer.tis_cap
+reads them), they are recorded aligned with the response (`response_logprobs`): tool tokens, which the model did not
+sample, get 0.0, and their loss mask 0 keeps them out of the loss.
+
 With a seed, every trajectory-turn samples from a seed of its own (`Trajectory.turn_seed`: the run's seed, problem,
 sample and turn), so the rollout is a function of the seed and the weights: the same whatever the policy, the
 engine count, the timing or an engine failure (as far as the engine's arithmetic does not depend on the batch).
@@ -45,10 +49,14 @@ class Trajectory:
     loss_mask: list[int] = field(default_factory=list)
     tool_statuses: list[str] = field(default_factory=list)
     tool_wall_s: list[float] = field(default_factory=list)
+    tool_replies: list[str] = field(default_factory=list)  # the text each call got back (with tool_statuses: the
+    # k-th call is model turn k's: every turn but the last either called the tool or ended the trajectory)
     assistant_turns: list[str] = field(default_factory=list)
     truncated: bool = False
     done: bool = False
     seed: int | None = None  # its turns' seeds derive from it (turn_seed); None: the engine's own random stream
+    response_logprobs: list[float] | None = None  # the engine's, one per response token (0.0 on tool tokens); None:
+    # not asked for
 
     @property
     def num_turns(self) -> int:
@@ -89,13 +97,11 @@ def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits) 
         traj.truncated = traj.done = True
         return None
     if parsed.error is not None:
-        traj.tool_statuses.append("parse_error")
-        traj.tool_wall_s.append(0.0)
+        _tool_done(traj, "parse_error", 0.0, parsed.error)
         return Pending(traj, reply=parsed.error)
     req = tool_call_to_request(parsed.calls[0])  # max_parallel_calls = 1, as released
     if isinstance(req, str):
-        traj.tool_statuses.append("error")
-        traj.tool_wall_s.append(0.0)
+        _tool_done(traj, "error", 0.0, req)
         return Pending(traj, reply=req)
     return Pending(traj, request=req)
 
@@ -118,8 +124,11 @@ def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutL
     return trajs
 
 
-def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits) -> Pending | None:
-    """Append a model turn (loss mask 1); what follows it (after_turn)."""
+def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits,
+               logprobs: list[float] | None = None) -> Pending | None:
+    """Append a model turn (loss mask 1) and, when the engine gave them, its tokens' log-probs; what follows it
+    (after_turn)."""
+    _record_logprobs(t, ids, logprobs)
     t.response_ids += ids
     t.loss_mask += [1] * len(ids)
     text = tokenizer.decode(ids, skip_special_tokens=False)
@@ -127,11 +136,27 @@ def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: Ro
     return after_turn(t, text, finish, limits)
 
 
+def _record_logprobs(t: Trajectory, ids: list[int], logprobs: list[float] | None) -> None:
+    """A trajectory records log-probs for every model turn or for none (its engines' client asks for all or none)."""
+    if logprobs is None and t.response_logprobs is None:
+        return
+    if logprobs is None or len(logprobs) != len(ids) or (t.response_logprobs is None and t.response_ids):
+        raise ValueError(f"trajectory {t.problem_id}/{t.sample_idx}: a turn of {len(ids)} tokens came back with "
+                         f"{'no' if logprobs is None else len(logprobs)} log-probs, after "
+                         f"{'none' if t.response_logprobs is None else len(t.response_logprobs)} recorded")
+    t.response_logprobs = (t.response_logprobs or []) + [float(x) for x in logprobs]
+
+
 def tool_result(p: Pending, res: ExecResult, limits: RolloutLimits) -> None:
     """The sandbox's answer to p's call becomes its reply text."""
-    p.traj.tool_statuses.append(res.status)
-    p.traj.tool_wall_s.append(res.wall_s)
     p.reply = format_tool_response(res, limits.tool_response_chars)
+    _tool_done(p.traj, res.status, res.wall_s, p.reply)
+
+
+def _tool_done(t: Trajectory, status: str, wall_s: float, reply: str) -> None:
+    t.tool_statuses.append(status)
+    t.tool_wall_s.append(wall_s)
+    t.tool_replies.append(reply)
 
 
 def tool_turn(p: Pending, tokenizer) -> bool:
@@ -142,11 +167,14 @@ def tool_turn(p: Pending, tokenizer) -> bool:
         return False
     p.traj.response_ids += ids
     p.traj.loss_mask += [0] * len(ids)
+    if p.traj.response_logprobs is not None:
+        p.traj.response_logprobs += [0.0] * len(ids)  # not sampled by the model; loss mask 0 keeps them out
     return True
 
 
 def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
-    """Flat records for the rollout Parquet table (one row per trajectory)."""
+    """Flat records for the rollout Parquet table (one row per trajectory); `response_logprobs` only when the
+    engine's were recorded (a trainer that needs them refuses a table without)."""
     return [dict(
         problem_id=t.problem_id, sample_idx=t.sample_idx, gold=t.gold, prompt_ids=t.prompt_ids,
         response_ids=t.response_ids, loss_mask=t.loss_mask, tool_statuses=t.tool_statuses,
@@ -154,4 +182,5 @@ def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
         truncated=t.truncated, response_len=len(t.response_ids),
         assistant_text="\n".join(t.assistant_turns), final_text=t.assistant_turns[-1] if t.assistant_turns else "",
         response_text=tokenizer.decode(t.response_ids, skip_special_tokens=False),
+        **({} if t.response_logprobs is None else {"response_logprobs": t.response_logprobs}),
     ) for t in trajs]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rstar2 import checkpoint
 from rstar2.config import RunCfg, StageCfg
+from rstar2.world import build
 
 
 def run_dir(cfg: RunCfg, run_name: str | None) -> Path:
@@ -21,6 +22,21 @@ def seed_dir(run: Path, rl_seed: int, seeds: int) -> Path:
     for a single seed (today's layout), else `seed-<rl_seed>/` inside it (world, SFT model and SFT evaluation stay
     shared at the top)."""
     return run if seeds == 1 else run / f"seed-{rl_seed}"
+
+
+def sft_model(run: Path, cfg: RunCfg) -> str:
+    """The model a run's RL starts from: its SFT model (`<run>/sft`), or with sft.enabled off the world's initial
+    model (world.base_model when set, else the run's generated one)."""
+    return str(run / "sft") if cfg.sft.enabled else build.uris(cfg, run / "world")["init_model"]
+
+
+def config_of(model_dir: str | Path) -> Path | None:
+    """The resolved config (`<run>/config.json`) of the run a model directory belongs to (`<run>/sft`,
+    `<run>/checkpoints/<stage>/step-N`, `<run>/seed-K/checkpoints/...`), or None for a model outside a run."""
+    for d in Path(model_dir).resolve().parents[:4]:
+        if (d / "config.json").is_file() and (d / "world").is_dir():
+            return d / "config.json"
+    return None
 
 
 def stage_ckpts(run: Path, stage: StageCfg) -> Path:

@@ -284,7 +284,7 @@ class _Batch:
 
     @classmethod
     def from_frame(cls, df: pl.DataFrame, c: TrainerCfg) -> "_Batch":
-        need_engine = c.old_logprobs == "engine" or c.tis_cap is not None
+        need_engine = c.engine_logprobs
         if need_engine and "response_logprobs" not in df.columns:
             raise ValueError("trainer.old_logprobs=engine / trainer.tis_cap need the rollout engine's log-probs "
                              "(column response_logprobs); this batch has none")

@@ -55,9 +55,10 @@ def restart_trainer(ctl: Controller, cfg: RunCfg, model_dir: str) -> dict:
 @costs.work
 def rollout(ctl: Controller, tokenizer_dir: str, problems_uri: str, step: int, prompts: int, samples: int,
             limits: RolloutCfg, sandbox_cfg: SandboxCfg, seed: int, max_model_len: int, out_uri: str,
-            sched_cfg: SchedulerCfg) -> dict:
-    """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}."""
-    engines = ctl.engine_clients(limits.temperature, limits.top_p)
+            sched_cfg: SchedulerCfg, logprobs: bool = False) -> dict:
+    """The step's rollout through the scheduler (rstar2.scheduler): {"uri": the table, scheduling metrics}.
+    `logprobs`: record the engine's log-prob of every sampled token (for trainer.old_logprobs=engine / tis_cap)."""
+    engines = ctl.engine_clients(limits.temperature, limits.top_p, logprobs)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits, sandbox_cfg,

@@ -37,7 +37,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         time.sleep(0.5)
         short = [client.submit(p, 4) for p in prompts[4:8]]  # arrive while the long ones generate
         for f in short:
-            ids, finish, stats = f.result(timeout=120)
+            ids, finish, stats, _ = f.result(timeout=120)
             assert 1 <= len(ids) <= 4 and set(stats) >= {"kv_usage", "preemptions", "steps"}
         assert sum(f.done() for f in long) < 4  # the short turns did not wait for the long ones
         probe = client.probe().result(timeout=60)
@@ -49,7 +49,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         took = ray.get(reload, timeout=300)
         assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
         outs = [f.result(timeout=120) for f in long + later]
-        assert all(len(ids) >= 1 for ids, _, _ in outs)
+        assert all(len(ids) >= 1 for ids, *_ in outs)
         assert ray.get(actor.info.remote())["weights"] == str(moved)
         # the reloaded weights are the ones sampling now: greedy equals a fresh engine on them
         greedy = ray.get(actor.generate.remote(prompts[:4], [12] * 4, 0.0))
@@ -63,6 +63,9 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         mine, theirs = [client.submit(p, 6) for p in prompts[:6]], [other.submit(p, 6) for p in prompts[6:]]
         assert all(len(f.result(timeout=120)[0]) >= 1 for f in mine + theirs)
         assert not client._pending and not other._pending
+        # a client that asks for log-probs gets the engine's log-prob of every sampled token back with the turn
+        ids, _, _, logprobs = cluster.EngineClient(actor, 1.0, 1.0, logprobs=True).submit(prompts[0], 6).result(120)
+        assert len(logprobs) == len(ids) >= 1 and all(lp <= 0 for lp in logprobs)
 
         # the client's threads leave once idle, come back with the next turn, and a killed actor fails its turns
         time.sleep(client.IDLE_EXIT_S + 1.5)

@@ -14,12 +14,8 @@ SFT = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
 RECORDED = {"roc": [0.50, 0.55, 0.45], "plain-grpo": [0.30, 0.31, 0.29]}  # pass@1 after RL, rl_seed 0, 1, 2
 
 
-def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path, monkeypatch):
-    from flows import ablation as flow
-
-    out = tmp_path / "runs"
-    calls = []
-
+def recorder(out, calls: list):
+    """A stand-in for the campaign flow: the variant's recorded seeds as MLflow runs under `out`; keeps its params."""
     def recorded_campaign(params):
         cfg = config.load(params.preset, params.overrides)
         exp = tracking.setup(cfg.experiment, cfg.out_dir)
@@ -34,8 +30,15 @@ def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path
         calls.append(params)
         return {**report.seed_aggregate(SFT, by_seed), "run_dir": str(out / params.run_name), "steps": 1,
                 "wall_s": 5.0}
+    return recorded_campaign
 
-    monkeypatch.setattr(flow, "campaign", recorded_campaign)
+
+def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path, monkeypatch):
+    from flows import ablation as flow
+
+    out = tmp_path / "runs"
+    calls = []
+    monkeypatch.setattr(flow, "campaign", recorder(out, calls))
     res = flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=[f"out_dir={out}"],
                                             name="abl", seeds=3))
     assert [p.seeds for p in calls] == [3, 3] and calls[1].sft_checkpoint == str(out / "abl-roc" / "sft")
@@ -55,3 +58,15 @@ def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path
     logged = json.loads(Path(client.download_artifacts(run.info.run_id, "ablation.json")).read_text())
     assert logged["comparisons"] == res["comparisons"] and logged["variants"] == res["variants"]
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} >= {"plots/reward_mean.png"}
+
+
+
+def test_with_sft_off_no_variant_is_handed_a_sft_model_that_does_not_exist(tmp_path, monkeypatch):
+    """Each variant then starts RL from its own world's initial model (runstate.sft_model), not `<first run>/sft`."""
+    from flows import ablation as flow
+
+    out, calls = tmp_path / "runs", []
+    monkeypatch.setattr(flow, "campaign", recorder(out, calls))
+    flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], name="off",
+                                      overrides=[f"out_dir={out}", "sft.enabled=false"]))
+    assert [p.sft_checkpoint for p in calls] == [None, None]

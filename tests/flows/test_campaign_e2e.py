@@ -151,7 +151,8 @@ def test_the_ablation_compares_variants_from_one_sft_model_in_mlflow(campaign_ru
 
     _, run_dir, overrides = campaign_run
     one_step = [o for o in overrides if not o.startswith(("stages.", "mining."))] + [
-        "stages.0.steps=1", "stages.0.prompts_per_step=2"]
+        "stages.0.steps=1", "stages.0.prompts_per_step=2",
+        "trainer.old_logprobs=engine", "trainer.tis_cap=2.0"]  # the update on the engine's own log-probs
     res = ablation(AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=one_step, name="abl",
                                   sft_checkpoint=str(run_dir / "sft")))
     assert [r["variant"] for r in res["variants"]] == ["roc", "plain-grpo"]
@@ -159,6 +160,8 @@ def test_the_ablation_compares_variants_from_one_sft_model_in_mlflow(campaign_ru
     rolled = {v: pl.read_parquet(run_dir.parent / f"abl-{v}" / "stage1" / "step-0000" / "rollouts.parquet").height
               for v in ("roc", "plain-grpo")}
     assert rolled == {"roc": 2 * 8, "plain-grpo": 2 * 4}  # RoC oversamples 2G, plain GRPO draws G
+    rows = pl.read_parquet(run_dir.parent / "abl-roc" / "stage1" / "step-0000" / "rollouts.parquet")
+    assert [len(x) for x in rows["response_logprobs"]] == [len(x) for x in rows["response_ids"]]  # the engine's
     client = _mlflow(run_dir)
     report = client.get_run(res["mlflow_run_id"])
     pngs = {a.path for a in client.list_artifacts(report.info.run_id, "plots")}

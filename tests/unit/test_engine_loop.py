@@ -19,10 +19,10 @@ class Toy:
         self.inflight_at_reload: list[int] = []
         self.thread: set[str] = set()
 
-    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
+    def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0, logprobs=False):
         self.thread.add(threading.current_thread().name)
         self.priorities[rid] = priority
-        self.reqs[rid] = ([], max_tokens)
+        self.reqs[rid] = ([], max_tokens, logprobs)
 
     def step(self):
         self.thread.add(threading.current_thread().name)
@@ -31,10 +31,10 @@ class Toy:
             raise RuntimeError("device lost")
         time.sleep(self.step_s)
         out = []
-        for rid, (ids, m) in list(self.reqs.items()):
+        for rid, (ids, m, logprobs) in list(self.reqs.items()):
             ids.append(self.version)
-            if len(ids) >= m:
-                out.append((rid, ids, "length"))
+            if len(ids) >= m:  # a token's "log-prob" here: minus its position, so a test sees the alignment
+                out.append((rid, ids, "length", [-float(i) for i in range(len(ids))] if logprobs else None))
                 del self.reqs[rid]
         return out
 
@@ -64,11 +64,18 @@ def test_requests_finish_independently(loop):
     short = [lp.submit([2], 3) for _ in range(4)]
     assert [f.result(timeout=5)[:2] for f in short] == [([0, 0, 0], "length")] * 4
     assert not long.done()  # the short ones did not wait for it
-    ids, finish, stats = long.result(timeout=5)
-    assert len(ids) == 200 and finish == "length" and set(stats) >= {"kv_usage", "preemptions"}
+    ids, finish, stats, logprobs = long.result(timeout=5)
+    assert len(ids) == 200 and finish == "length" and set(stats) >= {"kv_usage", "preemptions"} and logprobs is None
     assert toy.thread == {"toy-loop"}  # only the loop thread touches the backend
     s = lp.stats()
     assert s["generated"] == 212 and s["steps"] >= 200 and s["in_flight"] == 0
+
+
+def test_log_probs_come_back_only_for_the_requests_that_ask(loop):
+    lp, _ = loop
+    asked, plain = lp.submit_many([[1], [2]], [3, 2], logprobs=True), lp.submit([3], 2)
+    assert [f.result(timeout=5)[3] for f in asked] == [[0.0, -1.0, -2.0], [0.0, -1.0]]
+    assert plain.result(timeout=5)[3] is None
 
 
 def test_reload_drains_in_flight_and_holds_new_requests(loop):
@@ -152,9 +159,9 @@ def test_chains_send_each_turn_when_the_one_before_finishes():
             super().__init__(step_s=0.0)
             self.added: list[tuple[int, int, list]] = []  # (step, max_tokens, prompt)
 
-        def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
+        def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0, logprobs=False):
             self.added.append((self.steps, max_tokens, prompt))
-            super().add(rid, prompt, max_tokens, temperature, top_p, seed, priority)
+            super().add(rid, prompt, max_tokens, temperature, top_p, seed, priority, logprobs)
 
     toy = Logged()
     lp = EngineLoop(toy, name="toy-loop")

@@ -80,6 +80,22 @@ def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok, servic
     assert cut.truncated and len(cut.response_ids) == 5
 
 
+def test_engine_log_probs_are_recorded_aligned_with_the_response(tok, service):
+    """Each model token carries the engine's log-prob of it, each tool token 0.0 (loss mask 0); the table has the
+    column only when the client asked for log-probs, and a turn that comes back without them is refused."""
+    script = {"zqa": [CALL, ANSWER]}
+    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script), logprobs=True)], samples=1,
+                         policy="least_requests", max_turns=5, max_response_tokens=2000)
+    t = trajs[0]
+    assert t.num_turns == 2 and 0 in t.loss_mask and len(t.response_logprobs) == len(t.response_ids)
+    assert t.response_logprobs == [-1.0 - i % 7 if m else 0.0 for i, m in zip(t.response_ids, t.loss_mask)]
+    assert rollout.to_rows(trajs, tok)[0]["response_logprobs"] == t.response_logprobs
+    plain = run(tok, service, script, max_turns=5, max_response_tokens=2000)["zqa"]
+    assert plain.response_logprobs is None and "response_logprobs" not in rollout.to_rows([plain], tok)[0]
+    with pytest.raises(ValueError, match="came back with no log-probs"):
+        rollout.model_turn(t, [5, 6], "stop", tok, rollout.RolloutLimits(), None)
+
+
 def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
     from rstar2.steps import ToolDisabled
 
@@ -90,10 +106,12 @@ def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
 
 class FakeEngine:
     """A continuous-batching engine stand-in for the agent loop: every submitted turn is answered by the script on
-    its own thread after `delay(prompt)` seconds (no batch barrier); it can die or hang after some calls."""
+    its own thread after `delay(prompt)` seconds (no batch barrier); it can die or hang after some calls. With
+    `logprobs`, a turn's "log-probs" are a function of each token id (-1 - id % 7), so a test sees their alignment."""
 
-    def __init__(self, gen, delay=lambda prompt: 0.005, die_after=None, hang_after=None):
+    def __init__(self, gen, delay=lambda prompt: 0.005, die_after=None, hang_after=None, logprobs=False):
         self.gen, self.delay, self.die_after, self.hang_after = gen, delay, die_after, hang_after
+        self.logprobs = logprobs
         self.pool = ThreadPoolExecutor(32)
         self.calls, self.steps, self.log = 0, 0, []  # log: (event, problem text, time)
         self.priorities: list[int] = []  # of every submitted turn
@@ -119,7 +137,7 @@ class FakeEngine:
         with self.lock:
             self.steps += 1
         self.log.append(("back", prompt, time.perf_counter()))
-        return ids, finish, self.stats()
+        return ids, finish, self.stats(), [-1.0 - i % 7 for i in ids] if self.logprobs else None
 
     def stats(self):
         return {"kv_usage": 0.25, "preemptions": 3, "steps": self.steps}

@@ -1,0 +1,63 @@
+"""Look at a model (`rstar2 solve`): one trajectory of one problem, through the same agent loop as RL and evaluation
+(rstar2.agent_loop) on one in-process vLLM engine and the configured sandbox, and the same reward check; then split
+into its turns: the model's text before its tool call (its reasoning), the call's code and input, the tool's status
+and output, and at the end the final answer and, given the gold answer, the reward."""
+
+from __future__ import annotations
+
+from rstar2 import steps
+from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.config import RunCfg
+from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.export import model_dir as check_model_dir
+from rstar2.reward import extract_answer
+from rstar2.rollout import RolloutLimits, Trajectory
+from rstar2.sandbox import ExecRequest
+from rstar2.template import TOOL_CALL_OPEN
+from rstar2.tool_parser import parse_tool_calls, tool_call_to_request
+from rstar2.world.tokenizer import load as load_tokenizer
+
+
+def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temperature: float | None = None,
+          max_turns: int | None = None, seed: int = 0) -> dict:
+    """The trajectory of `model` (a run's checkpoint or a HF model directory) on `problem` as a record (`turns`), with
+    the evaluation's settings of `cfg` (temperature, turns, response length) unless given here."""
+    path = str(check_model_dir(model))
+    tok = load_tokenizer(path)
+    limits = RolloutLimits(max_turns or cfg.eval.max_turns, cfg.eval.max_response_tokens,
+                           cfg.rollout.tool_response_chars, cfg.world.max_positions)
+    t = cfg.eval.temperature if temperature is None else temperature
+    sandbox = steps.sandbox(cfg.sandbox) if cfg.rollout.tool_enabled else steps.ToolDisabled()
+    engine = VLLMEngine(EngineSpec(model_dir=path, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
+                                   kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
+                                   gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                                   block_size=cfg.engine.block_size))
+    try:
+        client = engine.client(t, cfg.rollout.top_p)
+        loop = AgentLoop(EngineSet([client], [client.capacity]), cfg.scheduler, sandbox, tok, limits)
+        (traj,), _ = loop.run([{"problem_id": "solve", "prompt": problem, "answer": answer or ""}], 1, seed)
+    finally:
+        engine.close()
+    final = traj.assistant_turns[-1]
+    reward = None
+    if answer is not None:
+        reward = steps.verifier(cfg.sandbox).score([final], [answer], [traj.truncated])[0]
+    return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed, "turns": turns(traj),
+            "final_answer": extract_answer(final), "reward": reward, "truncated": traj.truncated,
+            "response_tokens": len(traj.response_ids)}
+
+
+def turns(traj: Trajectory) -> list[dict]:
+    """Each model turn: its text, the text before its tool call (its reasoning), and its call if it made one: code
+    and input (None for a call that could not be decoded), the tool's status and the text it sent back."""
+    out = []
+    for k, text in enumerate(traj.assistant_turns):
+        parsed = parse_tool_calls(text)
+        call = tool_call_to_request(parsed.calls[0]) if parsed.calls else None
+        turn = {"text": text, "reasoning": text.split(TOOL_CALL_OPEN)[0], "tool": None}
+        if k < len(traj.tool_statuses):
+            turn["tool"] = {"code": call.code if isinstance(call, ExecRequest) else None,
+                            "input": call.stdin if isinstance(call, ExecRequest) else None,
+                            "status": traj.tool_statuses[k], "output": traj.tool_replies[k]}
+        out.append(turn)
+    return out

@@ -1,0 +1,72 @@
+"""`rstar2 export` (rstar2.export): a run's checkpoint (weights beside the trainer's optimizer/RNG state, sealed) in,
+a plain Hugging Face model directory out that transformers loads with the same logits; what is not a model, or an
+existing directory, is refused with one clear error. Loading the export in vLLM: tests/engine/test_look.py."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rstar2 import checkpoint, config, export
+from rstar2.config import TrainerCfg
+from rstar2.trainer import STATE_FILE, PolicyTrainer
+from rstar2.world import build
+from rstar2.world.tokenizer import load
+
+TINY = ["world.n_sft=60", "world.n_train=12", "world.n_test=6", "world.hidden=32", "world.ffn=64", "world.layers=2",
+        "world.heads=2", "world.kv_heads=1", "world.vocab_size=600"]
+
+
+@pytest.fixture(scope="module")
+def run_checkpoint(tmp_path_factory):
+    """A committed RL checkpoint of the tiny world's model, as a campaign writes it."""
+    init = build.build(config.load("tiny", TINY), tmp_path_factory.mktemp("world"))["init_model"]
+    root = tmp_path_factory.mktemp("run")
+    saved = PolicyTrainer(init, TrainerCfg(device="cpu")).save(str(root / "checkpoints" / "stage1" / "step-0001"),
+                                                               {"step": 1})
+    return Path(saved)
+
+
+def _logits(model_dir, ids):
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)(input_ids=ids).logits
+
+
+def test_export_writes_a_plain_model_directory_with_the_same_logits(run_checkpoint, tmp_path):
+    src = run_checkpoint
+    assert checkpoint.is_committed(src) and (src / STATE_FILE).is_file()  # what the export must leave behind
+    out = export.export(src, tmp_path / "hf")
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert not names & {STATE_FILE, checkpoint.MARKER}  # no trainer state, no checkpoint seal
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    tok_src, tok_out = load(src), load(out)
+    assert tok_out.chat_template == tok_src.chat_template and tok_out.eos_token == "<|im_end|>"
+    ids = torch.tensor([tok_src("Compute 12 * 7.")["input_ids"]])
+    assert torch.equal(_logits(out, ids), _logits(src, ids))
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tok_src.eos_token_id  # generation stops at the end of the assistant's turn
+
+    with pytest.raises(FileExistsError, match="not empty"):
+        export.export(src, out)
+
+
+def test_what_is_not_a_model_is_refused_naming_what_it_lacks(run_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match="no such directory"):
+        export.model_dir(tmp_path / "nowhere")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"half is not a model directory: it has no \*\.safetensors weights, no "
+                                         r"tokenizer"):
+        export.model_dir(tmp_path / "half")
+    bare = tmp_path / "bare"  # a model whose tokenizer has no chat template
+    export.export(run_checkpoint, bare)
+    cfg = json.loads((bare / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        export.export(bare, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,31 @@
+"""Where a run's RL starts (rstar2.runstate): the SFT model, or with sft.enabled off the world's initial model (the
+generated one, or world.base_model), never a `<run>/sft` that SFT-off runs do not have."""
+
+from pathlib import Path
+
+from rstar2 import config, runstate
+
+
+def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp_path):
+    run = tmp_path / "runs" / "r"
+    assert runstate.sft_model(run, config.load("tiny")) == str(run / "sft")
+    off = config.load("tiny", ["sft.enabled=false"])
+    assert runstate.sft_model(run, off) == str(run / "world" / "init_model")
+    base = config.load("tiny", ["sft.enabled=false", "world.base_model=/models/qwen"])
+    assert runstate.sft_model(run, base) == "/models/qwen"
+    # before any RL checkpoint the run resumes from it (the trainer and engines load it)
+    assert runstate.resume_point(run, off, runstate.sft_model(run, off)) == (str(Path(run) / "world" / "init_model"),
+                                                                            False)
+
+
+def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(tmp_path):
+    run = tmp_path / "runs" / "r"
+    (run / "world").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for model in (run / "sft", run / "checkpoints" / "stage1" / "step-0002", run / "seed-1" / "checkpoints" / "s" /
+                  "step-0001"):
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")  # the model's own (Hugging Face) config is not the run's
+        assert runstate.config_of(model) == run / "config.json"
+    (tmp_path / "hf").mkdir()
+    assert runstate.config_of(tmp_path / "hf") is None
