@@ -36,6 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from rstar2.chat import ChatFormat
+
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after)
 TurnOut = tuple[list[int], str, dict]
 
@@ -255,14 +257,14 @@ class _VLLMBackend:
         # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
         # bare engine's are 128 / 2048)
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
-        self.eos_id = self.engine.get_tokenizer().eos_token_id
+        self.stop_ids = ChatFormat.load(spec.model_dir).stop_token_ids  # the template's end of turn, not eos
 
     def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0):
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
+                                stop_token_ids=self.stop_ids, skip_special_tokens=False, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority)
 
@@ -317,7 +319,6 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self._backend = _VLLMBackend(spec)
         self.start_s = time.perf_counter() - t0
-        self.eos_id = self._backend.eos_id
         self.weights_version = spec.model_dir
         self.loop = EngineLoop(self._backend, name=f"vllm-loop-{spec.seed}")
 

@@ -35,7 +35,7 @@ def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
     with bar("SFT") as progress:
         def write(tmp: Path) -> None:
             res = sft.train(Path(init_model), Path(sft_data), tmp, epochs=s.epochs, lr=s.lr,
-                            batch_tokens=s.batch_tokens, warmup_frac=s.warmup_frac, seed=cfg.seed,
+                            batch_tokens=s.batch_tokens, warmup_frac=s.warmup_frac, seed=cfg.seed, packed=s.packed,
                             device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)
             (tmp / "sft_result.json").write_text(json.dumps(dataclasses.asdict(res)))
         checkpoint.commit(Path(out_dir), write, {"kind": "sft"})
