@@ -201,14 +201,11 @@ def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat t
     from rstar2 import checkpoint, config, sft as sft_lib
     from rstar2.progress import bar
 
-    cfg = config.load(preset, set_)
-    s, res = cfg.sft, {}
+    cfg, res = config.load(preset, set_), {}
 
     def write(tmp: Path) -> None:
         with bar("SFT") as progress:
-            res.update(vars(sft_lib.train(model, data, tmp, epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
-                                          warmup_frac=s.warmup_frac, seed=cfg.seed, packed=s.packed,
-                                          device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)))
+            res.update(vars(sft_lib.train_with(cfg, model, data, tmp, progress)))
 
     if out.exists() and any(out.iterdir()) and not checkpoint.is_committed(out):
         console.print(f"[red]error:[/red] {escape(str(out))} exists and is not empty; give a new directory",

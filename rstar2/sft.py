@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from rstar2 import device as dev, transcripts
 from rstar2.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 from rstar2.chat import ChatFormat
+from rstar2.config import RunCfg
 
 
 @dataclass
@@ -110,6 +111,15 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
     return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall)
+
+
+def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
+               on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+    """`train` with a run's settings: sft.*, the run's seed, the trainer's device and dtype."""
+    s = cfg.sft
+    return train(Path(model_dir), Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
+                 warmup_frac=s.warmup_frac, seed=cfg.seed, packed=s.packed, device=cfg.trainer.device,
+                 dtype=cfg.trainer.dtype, on_progress=on_progress)
 
 
 def _pad_id(tok) -> int:
