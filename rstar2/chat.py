@@ -62,6 +62,10 @@ def load_tokenizer(model_dir: str | Path):
 
 @dataclass(frozen=True)
 class ChatFormat:
+    """A model's chat format (see the module docstring): `load(model_dir)`, or `of(tokenizer, source)`, or
+    `from_template` for text alone. Text: `prompt`, `tool_turn`, `segments` (SFT), `assistant_turn`; token ids:
+    `encode`, `stop_token_ids`."""
+
     source: str  # the model directory (or wherever the template came from): named in every error
     template: str
     special: dict  # the tokenizer's special tokens by role (eos_token, ...): apply_chat_template hands them over

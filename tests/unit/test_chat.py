@@ -121,3 +121,12 @@ def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(tmp_pa
         ChatFormat.load(d)
     assert str(e.value).startswith(f"{d}: ")
     assert isinstance(e.value, ValueError) and json.dumps(str(e.value)).count("\\n") == 0  # one line
+
+
+def test_a_run_refuses_such_a_model_before_any_actor_starts(tmp_path, monkeypatch):
+    from rstar2 import cluster, config
+    from rstar2.controller import Controller
+
+    monkeypatch.setattr(cluster, "init", lambda: pytest.fail("Ray was started for a model that cannot run"))
+    with pytest.raises(ChatTemplateError, match="ignores `tools`"):
+        Controller("refused").start(config.load("tiny"), str(_saved(tmp_path, "plain-chat", NO_TOOLS)))
