@@ -31,10 +31,10 @@ import ray
 
 from rstar2 import rollout, steps
 from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
 from rstar2.controller import Controller
 from rstar2.estimator import LengthEstimator
-from rstar2.world.tokenizer import load as load_tokenizer
 
 SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
 
@@ -42,19 +42,19 @@ SEED = "bench"  # seeded sampling as in the RL step: every policy run generates 
 def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, samples: int, policies: list[str],
              rounds: int = 3, kv_mb: list[int] | None = None, run_id: str = "bench-rollout") -> dict:
     load_at_start = os.getloadavg()  # the machine's load before the engines start (it is shared)
-    tok = load_tokenizer(model_dir)
+    chat = ChatFormat.load(model_dir)
     problems = steps.select_prompts(problems_uri, 0, prompts, cfg.seed)
     lim = rollout.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
                                 cfg.world.max_positions)
     configs = []
     for mb in kv_mb or [cfg.engine.kv_cache_mb]:
         c = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kv_cache_mb": mb})})
-        configs.append(_one_config(c, model_dir, tok, problems, samples, lim, policies, rounds, f"{run_id}-kv{mb}"))
+        configs.append(_one_config(c, model_dir, chat, problems, samples, lim, policies, rounds, f"{run_id}-kv{mb}"))
     return {"engines": cfg.engine.num_engines, "prompts": prompts, "samples": samples, "rounds": rounds,
             "load_avg_start": load_at_start, "configs": configs}
 
 
-def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
+def _one_config(cfg: RunCfg, model_dir: str, chat, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
                 policies: list[str], rounds: int, run_id: str) -> dict:
     ctl = Controller(run_id)
     try:
@@ -64,19 +64,19 @@ def _one_config(cfg: RunCfg, model_dir: str, tok, problems: list[dict], samples:
         est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
         runs, raws = [], []
         sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
-        _raw_generate(names, cfg, tok, problems[:2], 2, lim)  # engines warm
-        warm, _ = AgentLoop(engines, cfg.scheduler, sb, tok, lim, "kv_aware", est).run(problems, samples,
+        _raw_generate(names, cfg, chat, problems[:2], 2, lim)  # engines warm
+        warm, _ = AgentLoop(engines, cfg.scheduler, sb, chat, lim, "kv_aware", est).run(problems, samples,
                                                                                       SEED)  # warm-up, not counted
         chains = [t.turn_requests() for t in warm]  # seeded: every run's turns are these
         replays = []
         for r in range(rounds):
             for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                 _cold(names)
-                raws.append(_raw_generate(names, cfg, tok, problems, samples, lim))  # paired: the load of the moment
+                raws.append(_raw_generate(names, cfg, chat, problems, samples, lim))  # paired: the load of the moment
                 _cold(names)
                 replays.append(_replay(names, cfg, chains))
                 _cold(names)
-                run = _scheduled(engines, cfg, sb, tok, problems, samples, lim, policy,
+                run = _scheduled(engines, cfg, sb, chat, problems, samples, lim, policy,
                                  est if policy == "kv_aware" else None)
                 runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"],
                              "vs_replay": run["tokens_per_s"] / replays[-1]["tokens_per_s"]})
@@ -94,9 +94,9 @@ def _cold(names: list) -> None:
     ray.get([n.reset_cache.remote() for n in names])
 
 
-def _scheduled(engines: EngineSet, cfg: RunCfg, sb, tok, problems, samples, lim, policy: str, est) -> dict:
+def _scheduled(engines: EngineSet, cfg: RunCfg, sb, chat, problems, samples, lim, policy: str, est) -> dict:
     t0 = time.perf_counter()
-    trajs, stats = AgentLoop(engines, cfg.scheduler, sb, tok, lim, policy, est).run(problems, samples, SEED)
+    trajs, stats = AgentLoop(engines, cfg.scheduler, sb, chat, lim, policy, est).run(problems, samples, SEED)
     wall = time.perf_counter() - t0
     gen = sum(sum(t.loss_mask) for t in trajs)
     lens = sorted(len(t.response_ids) for t in trajs)
@@ -150,10 +150,10 @@ def _kv_aware_ratios(runs: list[dict], policy: str) -> list[float]:
     return [d["kv_aware"] / d[policy] for d in by_round.values() if "kv_aware" in d and policy in d]
 
 
-def _raw_generate(names: list, cfg: RunCfg, tok, problems: list[dict], samples: int,
+def _raw_generate(names: list, cfg: RunCfg, chat, problems: list[dict], samples: int,
                   lim: rollout.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
-    trajs = rollout.make_trajs(tok, problems, samples, lim, SEED)
+    trajs = rollout.make_trajs(chat, problems, samples, lim, SEED)
     prompts, budgets, seeds = [t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs]
     k = len(names)
     t0 = time.perf_counter()

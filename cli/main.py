@@ -279,6 +279,43 @@ def export_cmd(checkpoint: Path = typer.Option(..., help="a run's checkpoint or 
 
 
 @app.command()
+def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat transcripts: JSON lines, one "
+                                  "{'messages': [...]} each (README: Your own model and data)"),
+        model: Path = typer.Option(..., exists=True, file_okay=False, help="the HF model directory to start from"),
+        out: Path = typer.Option(..., help="where the SFT'd model goes (a committed HF model directory)"),
+        preset: str = typer.Option("tiny", help="the preset whose sft.* settings apply"),
+        set_: list[str] = typer.Option([], "--set", help="override, e.g. --set sft.lr=1e-5 --set sft.packed=true"),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Non-reasoning SFT of any chat model: its own template renders the transcripts, loss on assistant tokens."""
+    env.apply()
+    _check_preset(preset, set_)
+    from rstar2 import checkpoint, config, sft as sft_lib
+    from rstar2.progress import bar
+
+    cfg, res = config.load(preset, set_), {}
+
+    def write(tmp: Path) -> None:
+        with bar("SFT") as progress:
+            res.update(vars(sft_lib.train_with(cfg, model, data, tmp, progress)))
+
+    if out.exists() and any(out.iterdir()) and not checkpoint.is_committed(out):
+        console.print(f"[red]error:[/red] {escape(str(out))} exists and is not empty; give a new directory",
+                      soft_wrap=True)
+        raise typer.Exit(2)
+    try:
+        checkpoint.commit(out, write, {"kind": "sft", "base_model": str(model), "data": str(data)})
+    except (ValueError, FileExistsError) as e:  # a model the pipeline cannot run, bad transcripts, an existing --out
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
+    table = Table(title=f"rstar2 sft -> {out}")
+    for col in ("steps", "final loss", "tokens/s", "wall s"):
+        table.add_column(col)
+    table.add_row(str(res["steps"]), f"{res['final_loss']:.3f}", f"{res['tokens_per_s']:.0f}", f"{res['wall_s']:.1f}")
+    console.print(table)
+    _write_json(json_path, res)
+
+
+@app.command()
 def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
           out_dir: Path = typer.Option(Path("runs"), help="where runs and the shared MLflow store live"),
           worker: bool = typer.Option(True, help="also run a worker for the deployments' runs")):

@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
+from rstar2.chat import ChatFormat
 from rstar2.config import SchedulerCfg
 from rstar2.estimator import LengthEstimator
 from rstar2.rollout import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
@@ -152,11 +153,11 @@ class AgentLoop:
     in tokens. `estimator`: kv_aware's length model, carried over from earlier rollouts (it learns from their
     finished trajectories); None starts from a prior. `on_done(finished, total)` after each finished trajectory."""
 
-    def __init__(self, engines: EngineSet, cfg: SchedulerCfg, sandbox: Sandbox, tokenizer, limits: RolloutLimits,
+    def __init__(self, engines: EngineSet, cfg: SchedulerCfg, sandbox: Sandbox, chat: ChatFormat, limits: RolloutLimits,
                  policy: str | None = None, estimator: LengthEstimator | None = None,
                  on_done: Callable[[int, int], None] | None = None):
         self.clients, self.capacities = engines
-        self.cfg, self.sandbox, self.tok, self.limits = cfg, sandbox, tokenizer, limits
+        self.cfg, self.sandbox, self.chat, self.limits = cfg, sandbox, chat, limits
         self.policy, self.estimator, self.on_done = policy, estimator, on_done
 
     def run(self, problems: list[dict], n_samples: int, seed: int | str | None = None) -> tuple[list[Trajectory], dict]:
@@ -164,7 +165,7 @@ class AgentLoop:
         busy share, KV usage mean/max, preemptions, peaks; queue wait, tool wait, requeues, engine failures). With
         `seed`, each turn samples from its own seed (Trajectory.turn_seed): the same trajectories whatever the
         policy, placement or timing."""
-        self.trajs = make_trajs(self.tok, problems, n_samples, self.limits, seed)
+        self.trajs = make_trajs(self.chat, problems, n_samples, self.limits, seed)
         block = max(getattr(c, "block_size", 1) for c in self.clients)
         self.session = SchedulerSession(Scheduler(self.capacities, self.cfg, self.policy, self.estimator, block))
         for i, t in enumerate(self.trajs):
@@ -264,13 +265,13 @@ class AgentLoop:
         t, w, now = self.trajs[ev.tid], self.watch[ev.engine], self.now()
         w.turn_back(now)
         w.stats(ev.stats, now)
-        p = model_turn(t, ev.ids, ev.finish, self.tok, self.limits, ev.logprobs)
+        p = model_turn(t, ev.ids, ev.finish, self.chat, self.limits, ev.logprobs)
         if p is None:
             then = END
         elif p.request is not None:
             then = TOOL
         else:  # a reply known without running code (a broken call)
-            then = TURN if tool_turn(p, self.tok) else END
+            then = TURN if tool_turn(p, self.chat) else END
         stats = (float(ev.stats["kv_usage"]), int(ev.stats["preemptions"]))
         if self.session.turn_done(ev.tid, ev.engine, now, len(t.response_ids), t.num_turns, then, stats):
             self._send(ev.tid, ev.engine)
@@ -284,7 +285,7 @@ class AgentLoop:
         t, now = self.trajs[ev.tid], self.now()
         self.tool_waits.append(now - ev.sent_at)
         tool_result(ev.pending, ev.future.result()[0], self.limits)
-        fits = tool_turn(ev.pending, self.tok)
+        fits = tool_turn(ev.pending, self.chat)
         if self.session.tool_done(ev.tid, now, len(t.response_ids), t.num_turns, ended=not fits):
             self._send(ev.tid, self.session.engine_of(ev.tid))
         elif not fits:

@@ -40,6 +40,8 @@ class WorldCfg(_Cfg):
 
 class SFTCfg(_Cfg):
     enabled: bool = True
+    data: str | None = None  # chat transcripts to SFT on (JSON lines, rstar2.transcripts); None: the tiny world's own
+    packed: bool = False  # pack transcripts into rows of batch_tokens (false: right-padded buckets of similar length)
     mix: dict[str, float] = {"clean": 0.4, "buggy_fix": 0.15, "no_tool": 0.3, "format_slip": 0.15}
     mix_by_kind: dict[str, dict[str, float]] = {}  # problem kind -> its own mix (noise that depends on the kind)
     system_prompt_frac: float = 1.0  # share of SFT examples that carry the system prompt
@@ -255,6 +257,13 @@ class RunCfg(_Cfg):
     mining: MiningCfg = Field(default_factory=MiningCfg)
     data: DataCfg = Field(default_factory=DataCfg)
     ablation: str | None = None  # the ablation this run belongs to (an MLflow tag), e.g. "plain-grpo"
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunCfg":
+        if self.world.base_model and self.sft.enabled and not self.sft.data:
+            raise ValueError("world.base_model is set and sft.enabled is true: sft.data must name the chat transcripts "
+                             "to SFT on (JSON lines, README: Your own model and data), or set sft.enabled: false")
+        return self
 
     def rollout_for(self, stage: StageCfg) -> RolloutCfg:
         return self.rollout.model_copy(update={k: v for k, v in (

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import ray
 
 from rstar2 import cluster
+from rstar2.chat import ChatFormat
 from rstar2.cluster import EngineClient
 from rstar2.config import RunCfg
 from rstar2.engine import EngineActor, EngineSpec
@@ -58,7 +59,9 @@ class Controller:
 
     def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
         """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
-        already alive under its name is taken over."""
+        already alive under its name is taken over. A model whose chat template cannot run the agent loop is
+        refused here, before any actor starts (rstar2.chat.ChatTemplateError)."""
+        ChatFormat.load(model_dir)
         cluster.init()
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
         if not self.engines:

@@ -40,6 +40,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from rstar2.chat import ChatFormat
+
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
 # log-prob of each new token when the request asked for them, else None)
 TurnOut = tuple[list[int], str, dict, list[float] | None]
@@ -263,7 +265,7 @@ class _VLLMBackend:
         # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
         # bare engine's are 128 / 2048)
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
-        self.eos_id = self.engine.get_tokenizer().eos_token_id
+        self.stop_ids = ChatFormat.load(spec.model_dir).stop_token_ids  # the template's end of turn, not eos
 
     def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0, logprobs=False):
         from vllm import SamplingParams, TokensPrompt
@@ -272,7 +274,7 @@ class _VLLMBackend:
         # logprobs=0: the sampled token's log-prob alone; vLLM's default logprobs_mode "raw_logprobs" takes it from the
         # model's logits before temperature / top-p, the same distribution the trainer's log-probs are of
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False,
+                                stop_token_ids=self.stop_ids, skip_special_tokens=False, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY, logprobs=0 if logprobs else None,
                                 flat_logprobs=True)
         self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority)
@@ -334,7 +336,6 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self._backend = _VLLMBackend(spec)
         self.start_s = time.perf_counter() - t0
-        self.eos_id = self._backend.eos_id
         self.weights_version = spec.model_dir
         self.loop = EngineLoop(self._backend, name=f"vllm-loop-{spec.seed}")
 

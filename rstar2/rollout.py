@@ -1,7 +1,8 @@
 """A trajectory and its turns (paper §2.1, implementation notes §4.3, §12.1); rstar2.agent_loop drives them.
 
-Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn. Model tokens get loss mask
-1; tool turns (`<tool_response>` + the re-opened assistant `<reason>`) get loss mask 0. A turn with a tool call runs
+Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn, in the model's chat format
+(rstar2.chat.ChatFormat: prompt, tool-call markers, tool turn). Model tokens get loss mask 1; tool turns (the tool's
+reply + the next assistant generation prompt) get loss mask 0. A turn with a tool call runs
 the first call in the sandbox (a broken call becomes a parse-error tool response, as in the paper); a turn without
 one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
 if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
@@ -21,7 +22,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rstar2 import template as T
+from rstar2.chat import ChatFormat
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
 
@@ -84,12 +85,12 @@ class Pending:
     request: ExecRequest | None = None
 
 
-def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits) -> Pending | None:
+def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits, chat: ChatFormat) -> Pending | None:
     """Decide what follows an assistant turn: nothing (done), or a tool reply (known now or after execution)."""
     if finish == "length" or len(traj.response_ids) >= traj.budget:
         traj.truncated = traj.done = True
         return None
-    parsed = parse_tool_calls(text)
+    parsed = parse_tool_calls(text, chat.tool_call_open, chat.tool_call_close)
     if parsed.error is None and not parsed.calls:
         traj.done = True  # a turn without a tool call is the final answer
         return None
@@ -106,13 +107,13 @@ def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits) 
     return Pending(traj, request=req)
 
 
-def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutLimits,
+def make_trajs(chat: ChatFormat, problems: list[dict], n_samples: int, limits: RolloutLimits,
                seed: int | str | None = None) -> list[Trajectory]:
     """`n_samples` trajectories per problem; with `seed`, trajectory k of a problem samples from a seed of its own
     (derived from seed, problem id and k)."""
     trajs: list[Trajectory] = []
     for p in problems:
-        prompt_ids = tokenizer(T.build_prompt(p["prompt"]), add_special_tokens=False)["input_ids"]
+        prompt_ids = chat.encode(chat.prompt(p["prompt"]))
         budget = limits.max_response_tokens
         if limits.max_model_len:
             budget = min(budget, limits.max_model_len - len(prompt_ids))
@@ -124,16 +125,16 @@ def make_trajs(tokenizer, problems: list[dict], n_samples: int, limits: RolloutL
     return trajs
 
 
-def model_turn(t: Trajectory, ids: list[int], finish: str, tokenizer, limits: RolloutLimits,
+def model_turn(t: Trajectory, ids: list[int], finish: str, chat: ChatFormat, limits: RolloutLimits,
                logprobs: list[float] | None = None) -> Pending | None:
     """Append a model turn (loss mask 1) and, when the engine gave them, its tokens' log-probs; what follows it
     (after_turn)."""
     _record_logprobs(t, ids, logprobs)
     t.response_ids += ids
     t.loss_mask += [1] * len(ids)
-    text = tokenizer.decode(ids, skip_special_tokens=False)
+    text = chat.tokenizer.decode(ids, skip_special_tokens=False)
     t.assistant_turns.append(text)
-    return after_turn(t, text, finish, limits)
+    return after_turn(t, text, finish, limits, chat)
 
 
 def _record_logprobs(t: Trajectory, ids: list[int], logprobs: list[float] | None) -> None:
@@ -159,9 +160,9 @@ def _tool_done(t: Trajectory, status: str, wall_s: float, reply: str) -> None:
     t.tool_replies.append(reply)
 
 
-def tool_turn(p: Pending, tokenizer) -> bool:
+def tool_turn(p: Pending, chat: ChatFormat) -> bool:
     """Append the tool reply (loss mask 0); False (and truncated) if it would not fit: never end on a tool turn."""
-    ids = tokenizer(T.tool_turn(p.reply), add_special_tokens=False)["input_ids"]
+    ids = chat.encode(chat.tool_turn(p.reply))
     if len(p.traj.response_ids) + len(ids) >= p.traj.budget:
         p.traj.truncated = p.traj.done = True
         return False

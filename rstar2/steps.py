@@ -18,6 +18,7 @@ import polars as pl
 
 from rstar2 import roc, rollout, stats
 from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.chat import ChatFormat
 from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
 from rstar2.data import clean
 from rstar2.data.schema import validate
@@ -26,7 +27,6 @@ from rstar2.reward import Verifier, extract_answer
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.sandbox.metrics import summarize
-from rstar2.world.tokenizer import load as load_tokenizer
 
 _BACKENDS: dict[str, Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
@@ -81,19 +81,19 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
     fresh one from its prior). `seed`: every trajectory-turn samples from a seed of its own
     (rstar2.rollout.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
     scheduling. Returns the rollout's figures and scheduling metrics."""
-    tok = load_tokenizer(tokenizer_dir)
+    chat = ChatFormat.load(tokenizer_dir)
     t0 = time.perf_counter()
     lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
     sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
-    loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), tok, lim, estimator=estimator, on_done=on_done)
+    loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), chat, lim, estimator=estimator, on_done=on_done)
     trajs, sched_stats = loop.run(problems, n_samples, seed)
     sched_stats.pop("sched_failures")
     sched_stats.pop("sched_policy")
     if sb:
         _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
         _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
-    rows = rollout.to_rows(trajs, tok)
+    rows = rollout.to_rows(trajs, chat.tokenizer)
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(out_uri)

@@ -1,4 +1,6 @@
 """Hermes-style tool calls in one assistant turn, and the text the model sees back (implementation notes §4.3).
+The markers around a call (`<tool_call>`/`</tool_call>` for Qwen) come from the model's chat template
+(rstar2.chat.ChatFormat).
 
 Following the released agent loop, nothing the model writes ends a trajectory: a call that cannot be decoded
 becomes the tool response "Failed to decode tool call: ...", and an unknown tool or bad arguments become
@@ -11,11 +13,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rstar2.sandbox import OK, ExecRequest, ExecResult
-from rstar2.template import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_NAME
+from rstar2.template import TOOL_NAME
 
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 TRUNCATED = "...(truncated)..."
 
 
@@ -48,19 +50,24 @@ def _decode(block: str) -> ToolCall:
     return ToolCall(name, args)
 
 
-def parse_tool_calls(turn_text: str) -> ParsedTurn:
-    """All `<tool_call>{json}</tool_call>` blocks of one assistant turn, in order. The first failure stops
-    parsing; the calls decoded before it are kept. No `<tool_call>` at all: no calls and no error."""
-    if TOOL_CALL_OPEN not in turn_text:
+@lru_cache(maxsize=8)
+def _block(open_: str, close: str) -> re.Pattern:
+    return re.compile(re.escape(open_) + r"(.*?)" + re.escape(close), re.DOTALL)
+
+
+def parse_tool_calls(turn_text: str, open_: str, close: str) -> ParsedTurn:
+    """All `<open>{json}<close>` blocks of one assistant turn, in order. The first failure stops parsing; the calls
+    decoded before it are kept. No `<open>` at all: no calls and no error."""
+    if open_ not in turn_text:
         return ParsedTurn([], None)
     calls: list[ToolCall] = []
     end = 0
     try:
-        for m in _BLOCK.finditer(turn_text):
+        for m in _block(open_, close).finditer(turn_text):
             calls.append(_decode(m.group(1)))
             end = m.end()
-        if TOOL_CALL_OPEN in turn_text[end:]:
-            raise ValueError(f"{TOOL_CALL_OPEN} without a closing {TOOL_CALL_CLOSE}")
+        if open_ in turn_text[end:]:
+            raise ValueError(f"{open_} without a closing {close}")
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; deep nesting recurses
         return ParsedTurn(calls, f"Failed to decode tool call: {e}")
     return ParsedTurn(calls, None)

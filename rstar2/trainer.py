@@ -35,7 +35,7 @@ from rstar2 import checkpoint, device as dev, grpo
 from rstar2.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
 from rstar2.config import TrainerCfg
 from rstar2.optim import adamw, lr_lambda
-from rstar2.world.tokenizer import load as load_tokenizer
+from rstar2.chat import load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
 

@@ -36,12 +36,9 @@ def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
 
     if checkpoint.is_committed(Path(out_dir)):
         return out_dir  # a retried campaign does not redo a finished SFT
-    s = cfg.sft
     with bar("SFT") as progress:
         def write(tmp: Path) -> None:
-            res = sft.train(Path(init_model), Path(sft_data), tmp, epochs=s.epochs, lr=s.lr,
-                            batch_tokens=s.batch_tokens, warmup_frac=s.warmup_frac, seed=cfg.seed,
-                            device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)
+            res = sft.train_with(cfg, Path(init_model), Path(sft_data), tmp, progress)
             (tmp / "sft_result.json").write_text(json.dumps(dataclasses.asdict(res)))
         checkpoint.commit(Path(out_dir), write, {"kind": "sft"})
     return out_dir

@@ -10,6 +10,8 @@ from pathlib import Path
 import polars as pl
 
 from rstar2.checkpoint import write_atomic
+from rstar2 import transcripts
+from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
 from rstar2.data import clean, schema
 from rstar2.world import model, problems, sft_data, tokenizer
@@ -26,7 +28,8 @@ def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
     """Where a world built under `out` keeps its parts: problem splits (the user's own, as `data-<split>.parquet`,
     when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer)."""
     w = cfg.world
-    found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test", "sft_data")}
+    found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test")}
+    found["sft_data"] = cfg.sft.data or str(out / "sft_data.jsonl")
     found.update({s: str(out / f"data-{s}.parquet") for s in SPLITS if _source(cfg, s)})
     found["init_model"] = w.base_model or str(out / "init_model")
     for split in ("val", "test"):
@@ -52,10 +55,11 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
         splits[split].write_parquet(out / f"{key}.parquet")
-    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac,
-                         cfg.sft.mix_by_kind)
-    sft.write_parquet(paths["sft_data"])
-    corpus = ["".join(t) for t in sft["texts"].to_list()]
+    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac, cfg.sft.mix_by_kind)
+    if not cfg.sft.data:
+        transcripts.write(sft, paths["sft_data"])
+    chat = ChatFormat.from_template(tokenizer.CHAT_TEMPLATE, tokenizer.SPECIAL_TOKENS, "the tiny world's template")
+    corpus = ["".join(text for text, _ in chat.segments(row["messages"])) for row in sft]  # the streams SFT sees
     tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
     model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed, Path(paths["init_model"]))
     return paths

@@ -2,7 +2,8 @@
 
 A real SFT'd policy is not clean: it sometimes answers without the tool (usually wrong), writes buggy code and fixes it
 after a traceback, or slips on the answer format. That noise is what GRPO-RoC exists to clean up, so the mix is
-configurable. Each transcript is a list of segments (text, trainable): prompt and tool turns carry loss mask 0.
+configurable. Each transcript is a conversation in the common messages layout (system, user, assistant with
+`tool_calls`, tool), rendered for SFT with the world's chat template like any model's (rstar2.chat, rstar2.sft).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import re
 
 import polars as pl
 
-from rstar2 import template as T
+from rstar2.chat import prompt_messages, tool_call
 from rstar2.sandbox import ExecResult
+from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE
 from rstar2.tool_parser import format_tool_response
 
 MODES = ("clean", "buggy_fix", "no_tool", "format_slip")
-SFT_SCHEMA = {"problem_id": pl.String, "mode": pl.String, "texts": pl.List(pl.String), "trainable": pl.List(pl.Boolean)}
 
 _USE_TOOL = "I will compute this with Python."
 _NO_TOOL = "I can compute this directly."
@@ -47,43 +48,48 @@ def _bug(code: str, r: random.Random) -> tuple[str, str]:
 
 
 def _answer(answer: str) -> str:
-    return f"{T.ANSWER_OPEN}\nThe answer is \\boxed{{{answer}}}.\n{T.ANSWER_CLOSE}{T.IM_END}"
+    return f"{ANSWER_OPEN}\nThe answer is \\boxed{{{answer}}}.\n{ANSWER_CLOSE}"
 
 
-def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random,
-               system: bool = True) -> list[tuple[str, bool]]:
-    """Segments of one SFT example for `mode` (one of MODES)."""
-    segs: list[tuple[str, bool]] = [(T.build_prompt(prompt, system), False)]
-    say = lambda text: segs.append((text, True))  # noqa: E731 - assistant (trainable) text
-    tool = lambda text: segs.append((T.tool_turn(text), False))  # noqa: E731 - tool turn (masked)
+def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random, system: bool = True) -> list[dict]:
+    """The messages of one SFT example for `mode` (one of MODES). Assistant turns continue the `<reason>` block the
+    world's generation prompt opens."""
+    msgs = prompt_messages(prompt, system)
+
+    def say(content: str, call: str | None = None) -> None:
+        msgs.append({"role": "assistant", "content": content, **({"tool_calls": [tool_call(call)]} if call else {})})
+
+    def tool(text: str) -> None:
+        msgs.append({"role": "tool", "content": text})
+
     restated = _restate(prompt)
     if mode == "no_tool":
-        say(f"\n{restated} {_NO_TOOL}\n{T.REASON_CLOSE}\n{_answer(answer)}")
-        return segs
+        say(f"\n{restated} {_NO_TOOL}\n{REASON_CLOSE}\n{_answer(answer)}")
+        return msgs
     if mode == "buggy_fix":
         bad, err = _bug(code, r)
-        say(f"\n{restated} {_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(bad)}{T.IM_END}")
+        say(f"\n{restated} {_USE_TOOL}\n{REASON_CLOSE}\n", bad)
         tool(_err(err))
-        say(f"\nThe code failed. I will fix it.\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
+        say(f"\nThe code failed. I will fix it.\n{REASON_CLOSE}\n", code)
     else:
-        say(f"\n{restated} {_USE_TOOL}\n{T.REASON_CLOSE}\n{T.tool_call_text(code)}{T.IM_END}")
+        say(f"\n{restated} {_USE_TOOL}\n{REASON_CLOSE}\n", code)
     tool(_ok(answer))
-    closing = f"\nThe code printed the result.\n{T.REASON_CLOSE}\n"
+    closing = f"\nThe code printed the result.\n{REASON_CLOSE}\n"
     if mode == "format_slip":
         slip = r.choice(["no_tags", "no_box", "twice"])
         if slip == "no_tags":  # no <answer> block: reward 0, p_format 1
-            say(f"{closing}The answer is \\boxed{{{answer}}}.{T.IM_END}")
+            say(f"{closing}The answer is \\boxed{{{answer}}}.")
         elif slip == "no_box":  # nothing to extract: reward 0
-            say(f"{closing}{T.ANSWER_OPEN}\nThe answer is {answer}.\n{T.ANSWER_CLOSE}{T.IM_END}")
+            say(f"{closing}{ANSWER_OPEN}\nThe answer is {answer}.\n{ANSWER_CLOSE}")
         else:  # two answer blocks: still correct, but p_format > 0
-            say(f"{closing}{T.ANSWER_OPEN}\n{answer}\n{T.ANSWER_CLOSE}\n{_answer(answer)}")
-        return segs
+            say(f"{closing}{ANSWER_OPEN}\n{answer}\n{ANSWER_CLOSE}\n{_answer(answer)}")
+        return msgs
     say(f"{closing}{_answer(answer)}")
-    return segs
+    return msgs
 
 
 def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac: float = 1.0,
-          mix_by_kind: dict[str, dict[str, float]] | None = None) -> pl.DataFrame:
+          mix_by_kind: dict[str, dict[str, float]] | None = None) -> list[dict]:
     """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1), or from
     `mix_by_kind[source]` for the kinds it names: a real SFT'd policy's noise is not uniform (it trusts itself on
     problems that look easy). A `system_frac` share carries the system prompt. Leaving it out of most SFT examples
@@ -94,10 +100,9 @@ def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac:
     for p in problems.iter_rows(named=True):
         modes, weights = mixes.get(p.get("source"), mixes[None])
         mode = r.choices(modes, weights)[0]
-        segs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r, system=r.random() < system_frac)
-        rows.append(dict(problem_id=p["problem_id"], mode=mode, texts=[s for s, _ in segs],
-                         trainable=[t for _, t in segs]))
-    return pl.DataFrame(rows, schema=SFT_SCHEMA)
+        msgs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r, system=r.random() < system_frac)
+        rows.append(dict(problem_id=p["problem_id"], mode=mode, messages=msgs))
+    return rows
 
 
 def _checked(mix: dict[str, float]) -> tuple[tuple[str, ...], tuple[float, ...]]:

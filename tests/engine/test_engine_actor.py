@@ -10,9 +10,9 @@ import ray
 from safetensors.torch import load_file, save_file
 
 from rstar2 import cluster, config
+from rstar2.chat import load_tokenizer
 from rstar2.engine import EngineActor, EngineSpec
 from rstar2.world import build
-from rstar2.world.tokenizer import load
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=512"])
     init = build.build(cfg, tmp_path / "world")["init_model"]
     moved = tmp_path / "moved"  # the "trained" weights: same model, scaled embedding
-    tok = load(init)
+    tok = load_tokenizer(init)
     tok.save_pretrained(str(moved))
     (moved / "config.json").write_text((tmp_path / "world" / "init_model" / "config.json").read_text())
     save_file({k: v * 1.5 for k, v in load_file(f"{init}/model.safetensors").items()}, str(moved / "model.safetensors"))
@@ -87,11 +87,12 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
 
     from rstar2 import rollout, steps
     from rstar2.agent_loop import AgentLoop, EngineSet
+    from rstar2.chat import ChatFormat
     from rstar2.config import SchedulerCfg
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
     world = build.build(cfg, tmp_path / "world")
-    tok = load(world["init_model"])
+    chat = ChatFormat.load(world["init_model"])
     cluster.init()
     spec = dict(model_dir=world["init_model"], max_model_len=512, kv_cache_bytes=16 * 2**20, dtype="float32")
     actors = [ray.remote(num_cpus=0)(EngineActor).options(max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(
@@ -109,7 +110,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
         problems = steps.select_prompts(world["train"], 0, 8, 0)
         loop = AgentLoop(EngineSet(clients, [i["kv_capacity_tokens"] for i in infos]),
                          # 10 s: on a loaded 2-core machine a healthy engine's first turns took over 4 s
-                         SchedulerCfg(hang_timeout_s=10, probe_interval_s=0.5), steps.sandbox(cfg.sandbox), tok,
+                         SchedulerCfg(hang_timeout_s=10, probe_interval_s=0.5), steps.sandbox(cfg.sandbox), chat,
                          rollout.RolloutLimits(max_turns=2, max_response_tokens=200, max_model_len=512),
                          policy="round_robin", on_done=freeze)
         trajs, stats = loop.run(problems, 8)

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from rstar2 import config
+from rstar2.chat import load_tokenizer
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.world import build
-from rstar2.world.tokenizer import load
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 def test_seeded_requests_ignore_batch_order_and_engine(tmp_path):
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=256"])
     init = build.build(cfg, tmp_path / "world")["init_model"]
-    tok = load(init)
+    tok = load_tokenizer(init)
     reqs = [(tok(f"Compute {i} * 7.")["input_ids"], 1000 + k) for i in range(100, 112) for k in range(2)]
     spec = dict(model_dir=init, max_model_len=256, kv_cache_bytes=32 * 2**20, dtype="float32", block_size=32)
     a = VLLMEngine(EngineSpec(seed=0, **spec))

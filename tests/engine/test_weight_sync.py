@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rstar2 import config
+from rstar2.chat import load_tokenizer
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.world import build
-from rstar2.world.tokenizer import load
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ def test_reloaded_engine_matches_fresh_engine(tmp_path):
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=256"])
     init = build.build(cfg, tmp_path / "world")["init_model"]
     moved = tmp_path / "moved"
-    tok = load(init)
+    tok = load_tokenizer(init)
     tok.save_pretrained(str(moved))
     (moved / "config.json").write_text((tmp_path / "world" / "init_model" / "config.json").read_text())
     weights = load_file(f"{init}/model.safetensors")

@@ -9,98 +9,103 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rstar2 import rollout, template as T
+from rstar2 import rollout
 from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.chat import ChatFormat
 from rstar2.config import SchedulerCfg
+from rstar2.world.tokenizer import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
+
+TINY = ChatFormat.from_template(CHAT_TEMPLATE, SPECIAL_TOKENS, "the tiny world's template")  # text only
 
 
 @pytest.fixture(scope="module")
-def tok():
-    # a byte-level tokenizer: every byte is a token, special tokens are single ids
+def chat():
+    # the tiny world's chat format on a byte-level tokenizer: every byte is a token, special tokens are single ids
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    from tokenizers import decoders, trainers
     t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(["x"], trainers.BpeTrainer(vocab_size=300, special_tokens=T.SPECIAL_TOKENS,
+    t.train_from_iterator(["x"], trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS,
                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token=T.IM_END, pad_token=T.PAD)
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token=IM_END, pad_token=PAD)
+    tok.chat_template = CHAT_TEMPLATE
+    return ChatFormat.of(tok, "byte-level tiny")
 
 
-def scripted(tok, turns_by_problem):
+def scripted(chat, turns_by_problem):
     """generate() that replies with the next scripted turn of each trajectory's problem (a seeded turn starts with
     its seed, as a sampled one would depend on it)."""
     def generate(prompts, max_tokens, seeds=None):
         outs = []
         for p, m, s in zip(prompts, max_tokens, seeds or [None] * len(prompts)):
-            text = tok.decode(p, skip_special_tokens=False)
+            text = chat.tokenizer.decode(p, skip_special_tokens=False)
             pid = next(k for k in turns_by_problem if k in text)
-            turn = text.count(T.IM_START + "assistant") - 1
-            ids = tok(("" if s is None else f"<{s}>") + turns_by_problem[pid][turn], add_special_tokens=False)["input_ids"]
+            turn = text.count("<|im_start|>assistant") - 1
+            ids = chat.encode(("" if s is None else f"<{s}>") + turns_by_problem[pid][turn])
             outs.append((ids[:m], "length" if len(ids) > m else "stop"))
         return outs
     return generate
 
 
-CALL = "\nuse python\n" + T.REASON_CLOSE + "\n" + T.tool_call_text("print(6 * 7)") + T.IM_END
-ANSWER = "\ndone\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + T.IM_END
+CALL = TINY.assistant_turn("\nuse python\n</reason>\n", "print(6 * 7)")
+ANSWER = TINY.assistant_turn("\ndone\n</reason>\n<answer>\\boxed{42}</answer>")
 
 
-def run(tok, service, script, **limits):
+def run(chat, service, script, **limits):
     """One sample per scripted problem through the agent loop on one stand-in engine, by problem id."""
-    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script))], samples=1,
+    trajs, _ = run_sched(chat, service, script, [FakeEngine(scripted(chat, script))], samples=1,
                          policy="least_requests", **limits)
     return {t.problem_id: t for t in trajs}
 
 
-def test_tool_turn_masks_and_statuses(tok, service):
-    broken = "\n" + T.REASON_CLOSE + "\n" + T.TOOL_CALL_OPEN + '\n{"name": oops}\n' + T.TOOL_CALL_CLOSE + T.IM_END
-    t = run(tok, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
+def test_tool_turn_masks_and_statuses(chat, service):
+    broken = '\n</reason>\n<tool_call>\n{"name": oops}\n</tool_call><|im_end|>'
+    t = run(chat, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
     a = t["zqa"]
     assert a.tool_statuses == ["ok"] and a.num_turns == 2 and not a.truncated
-    text = tok.decode(a.response_ids, skip_special_tokens=False)
+    text = chat.tokenizer.decode(a.response_ids, skip_special_tokens=False)
     assert "stdout: 42" in text and text.endswith(ANSWER)
-    tool_part = tok.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 0], skip_special_tokens=False)
-    model_part = tok.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 1], skip_special_tokens=False)
-    assert tool_part == T.tool_turn(tool_part.split("\n", 2)[2].rsplit("\n" + T.TOOL_RESPONSE_CLOSE, 1)[0])
+    tool_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 0], skip_special_tokens=False)
+    model_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 1], skip_special_tokens=False)
+    assert tool_part == chat.tool_turn("Tool call success\nstdout: 42\n")
     assert model_part == CALL + ANSWER  # every model token has mask 1, every tool token mask 0
     assert t["zqb"].tool_statuses == ["parse_error"] and "Failed to decode tool call" in \
-        tok.decode(t["zqb"].response_ids, skip_special_tokens=False)
+        chat.tokenizer.decode(t["zqb"].response_ids, skip_special_tokens=False)
     assert t["zqc"].tool_statuses == [] and t["zqc"].num_turns == 1
 
 
-def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(tok, service):
-    t = run(tok, service, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
+def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(chat, service):
+    t = run(chat, service, {"zqa": [CALL, CALL, CALL, ANSWER]}, max_turns=2, max_response_tokens=2000)["zqa"]
     assert t.truncated and t.num_turns == 2 and t.loss_mask[-1] == 1
-    short = run(tok, service, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
+    short = run(chat, service, {"zqa": [CALL, ANSWER]}, max_turns=5, max_response_tokens=len(CALL.encode()) + 10)["zqa"]
     assert short.truncated and short.loss_mask[-1] == 1  # the tool reply did not fit: stop before it
-    cut = run(tok, service, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
+    cut = run(chat, service, {"zqa": [ANSWER]}, max_turns=5, max_response_tokens=5)["zqa"]
     assert cut.truncated and len(cut.response_ids) == 5
 
 
-def test_engine_log_probs_are_recorded_aligned_with_the_response(tok, service):
+def test_engine_log_probs_are_recorded_aligned_with_the_response(chat, service):
     """Each model token carries the engine's log-prob of it, each tool token 0.0 (loss mask 0); the table has the
     column only when the client asked for log-probs, and a turn that comes back without them is refused."""
     script = {"zqa": [CALL, ANSWER]}
-    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script), logprobs=True)], samples=1,
+    trajs, _ = run_sched(chat, service, script, [FakeEngine(scripted(chat, script), logprobs=True)], samples=1,
                          policy="least_requests", max_turns=5, max_response_tokens=2000)
     t = trajs[0]
     assert t.num_turns == 2 and 0 in t.loss_mask and len(t.response_logprobs) == len(t.response_ids)
     assert t.response_logprobs == [-1.0 - i % 7 if m else 0.0 for i, m in zip(t.response_ids, t.loss_mask)]
-    assert rollout.to_rows(trajs, tok)[0]["response_logprobs"] == t.response_logprobs
-    plain = run(tok, service, script, max_turns=5, max_response_tokens=2000)["zqa"]
-    assert plain.response_logprobs is None and "response_logprobs" not in rollout.to_rows([plain], tok)[0]
+    assert rollout.to_rows(trajs, chat.tokenizer)[0]["response_logprobs"] == t.response_logprobs
+    plain = run(chat, service, script, max_turns=5, max_response_tokens=2000)["zqa"]
+    assert plain.response_logprobs is None and "response_logprobs" not in rollout.to_rows([plain], chat.tokenizer)[0]
     with pytest.raises(ValueError, match="came back with no log-probs"):
-        rollout.model_turn(t, [5, 6], "stop", tok, rollout.RolloutLimits(), None)
+        rollout.model_turn(t, [5, 6], "stop", chat, rollout.RolloutLimits(), None)
 
 
-def test_the_no_tool_ablation_refuses_calls_without_running_them(tok):
+def test_the_no_tool_ablation_refuses_calls_without_running_them(chat):
     from rstar2.steps import ToolDisabled
 
-    t = run(tok, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
-    tool_part = tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
+    t = run(chat, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
+    tool_part = chat.tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
     assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
 
 
@@ -148,10 +153,10 @@ class FakeEngine:
         return f
 
 
-def run_sched(tok, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
+def run_sched(chat, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
               on_done=None, **limits):
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
-    loop = AgentLoop(EngineSet(engines, [10_000] * len(engines)), cfg or SchedulerCfg(), service, tok,
+    loop = AgentLoop(EngineSet(engines, [10_000] * len(engines)), cfg or SchedulerCfg(), service, chat,
                      rollout.RolloutLimits(**limits), policy, estimator, on_done)
     return loop.run(problems, samples, seed)
 
@@ -164,14 +169,14 @@ def assert_exactly_once(trajs, script, samples):
 
 
 @pytest.mark.parametrize("policy", ["kv_aware", "least_requests", "round_robin", "static"])
-def test_every_policy_rolls_out_the_same_trajectories(tok, service, policy):
+def test_every_policy_rolls_out_the_same_trajectories(chat, service, policy):
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
-    gen = scripted(tok, script)
+    gen = scripted(chat, script)
     engines = [FakeEngine(gen), FakeEngine(gen)]
     done = []
-    trajs, stats = run_sched(tok, service, script, engines, policy=policy, max_turns=5, max_response_tokens=2000,
+    trajs, stats = run_sched(chat, service, script, engines, policy=policy, max_turns=5, max_response_tokens=2000,
                              on_done=lambda n, total: done.append((n, total)))
-    ref = run(tok, service, script, max_turns=5, max_response_tokens=2000)
+    ref = run(chat, service, script, max_turns=5, max_response_tokens=2000)
     assert done == [(n, 9) for n in range(1, 10)]
     prios = Counter(p for e in engines for p in e.priorities)  # of every turn sent
     if policy == "kv_aware":  # its trajectory's start order: 0..8, the same for all of one trajectory's turns
@@ -187,95 +192,95 @@ def test_every_policy_rolls_out_the_same_trajectories(tok, service, policy):
     assert stats["sched_tool_wait_s"] > 0 and 0 < stats["sched_engine0_busy"] <= 1
 
 
-def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(tok, service):
+def test_seeded_rollouts_do_not_depend_on_policy_placement_or_failures(chat, service):
     """Each trajectory-turn samples from a seed of its own: every policy, one or two engines, jittered timing and an
     engine dying mid-rollout all give the same trajectories; another seed gives others."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
-    gen = scripted(tok, script)
-    ref = run_sched(tok, service, script, [FakeEngine(gen)], policy="least_requests", seed=7, max_turns=5,
+    gen = scripted(chat, script)
+    ref = run_sched(chat, service, script, [FakeEngine(gen)], policy="least_requests", seed=7, max_turns=5,
                     max_response_tokens=2000)[0]
     key = lambda trajs: {(t.problem_id, t.sample_idx): t.response_ids for t in trajs}  # noqa: E731
     jitter = lambda p: 0.001 * (sum(p) % 7)  # noqa: E731
-    runs = [run_sched(tok, service, script, engines, policy=policy, seed=7, max_turns=5, max_response_tokens=2000)[0]
+    runs = [run_sched(chat, service, script, engines, policy=policy, seed=7, max_turns=5, max_response_tokens=2000)[0]
             for policy, engines in [("kv_aware", [FakeEngine(gen)]),
                                     ("round_robin", [FakeEngine(gen, jitter), FakeEngine(gen, jitter)]),
                                     ("static", [FakeEngine(gen, jitter), FakeEngine(gen, die_after=2)])]]
     assert all(key(r) == key(ref) for r in runs)
-    texts = [tok.decode(t.response_ids) for t in ref]
+    texts = [chat.tokenizer.decode(t.response_ids) for t in ref]
     seeds = {m for x in texts for m in re.findall(r"<(\d+)>", x)}
     assert len(seeds) == sum(t.num_turns for t in ref)  # a seed per trajectory-turn: samples and turns differ
-    other = run_sched(tok, service, script, [FakeEngine(gen)], seed=8, max_turns=5, max_response_tokens=2000)[0]
+    other = run_sched(chat, service, script, [FakeEngine(gen)], seed=8, max_turns=5, max_response_tokens=2000)[0]
     assert all(key(other)[k] != v for k, v in key(ref).items())
 
 
-def test_turn_requests_are_the_turns_the_loop_sent(tok, service):
+def test_turn_requests_are_the_turns_the_loop_sent(chat, service):
     """A trajectory's model turns, rebuilt from its tokens and loss mask (for a replay without tools), are exactly
     the (context, max_tokens, seed) requests the agent loop sent."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
-    gen, sent = scripted(tok, script), []
+    gen, sent = scripted(chat, script), []
 
     def logged(prompts, max_tokens, seeds):
         sent.extend(zip(map(list, prompts), max_tokens, seeds))
         return gen(prompts, max_tokens, seeds)
 
-    trajs, _ = run_sched(tok, service, script, [FakeEngine(logged)], samples=2, seed=3, max_turns=5,
+    trajs, _ = run_sched(chat, service, script, [FakeEngine(logged)], samples=2, seed=3, max_turns=5,
                          max_response_tokens=2000)
     rebuilt = [r for t in trajs for r in t.turn_requests()]
     assert sorted(rebuilt) == sorted(sent) and len(sent) == 2 * (2 + 3 + 1)
     assert [len(t.turn_requests()) for t in trajs] == [t.num_turns for t in trajs]
 
 
-def test_turns_arrive_continuously_no_barrier(tok, service):
+def test_turns_arrive_continuously_no_barrier(chat, service):
     """One engine: a slow one-turn trajectory is generating while another runs all three of its turns and two tool
     calls. With a per-call barrier, the second trajectory's next turn would wait for the slow one."""
     script = {"zqslow": [ANSWER], "zqfast": [CALL, CALL, ANSWER]}
-    eng = FakeEngine(scripted(tok, script), delay=lambda p: 1.5 if "zqslow" in tok.decode(p) else 0.005)
-    trajs, _ = run_sched(tok, service, script, [eng], samples=1, policy="least_requests", max_turns=5,
+    eng = FakeEngine(scripted(chat, script), delay=lambda p: 1.5 if "zqslow" in chat.tokenizer.decode(p) else 0.005)
+    trajs, _ = run_sched(chat, service, script, [eng], samples=1, policy="least_requests", max_turns=5,
                          max_response_tokens=2000)
     assert_exactly_once(trajs, script, 1)
-    slow_back = next(t for ev, p, t in eng.log if ev == "back" and "zqslow" in tok.decode(p))
-    fast_sent = [t for ev, p, t in eng.log if ev == "sent" and "zqfast" in tok.decode(p)]
+    slow_back = next(t for ev, p, t in eng.log if ev == "back" and "zqslow" in chat.tokenizer.decode(p))
+    fast_sent = [t for ev, p, t in eng.log if ev == "sent" and "zqfast" in chat.tokenizer.decode(p)]
     assert len(fast_sent) == 3 and fast_sent[-1] < slow_back
 
 
-def test_scheduled_rollout_survives_an_engine_failure(tok, service):
+def test_scheduled_rollout_survives_an_engine_failure(chat, service):
     """Engine 1 dies on its second call: its trajectories are requeued to engine 0, each finishes exactly once."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
-    gen = scripted(tok, script)
-    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen, die_after=1)], samples=4,
+    gen = scripted(chat, script)
+    trajs, stats = run_sched(chat, service, script, [FakeEngine(gen), FakeEngine(gen, die_after=1)], samples=4,
                              max_turns=5, max_response_tokens=2000)
     assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
     assert_exactly_once(trajs, script, 4)
 
 
 @pytest.mark.parametrize("policy", ["kv_aware", "round_robin"])
-def test_a_hung_engine_is_declared_dead_and_its_trajectories_requeued(tok, service, policy):
+def test_a_hung_engine_is_declared_dead_and_its_trajectories_requeued(chat, service, policy):
     """Engine 1 stops answering turns after its third (its probes still answer, but its step counter stands
     still): after hang_timeout_s it is dead, its trajectories resume on engine 0, each finishes exactly once."""
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER]}
-    gen = scripted(tok, script)
+    gen = scripted(chat, script)
     cfg = SchedulerCfg(hang_timeout_s=0.4, probe_interval_s=0.05)
     t0 = time.perf_counter()
-    trajs, stats = run_sched(tok, service, script, [FakeEngine(gen), FakeEngine(gen, hang_after=3)], samples=4,
+    trajs, stats = run_sched(chat, service, script, [FakeEngine(gen), FakeEngine(gen, hang_after=3)], samples=4,
                              policy=policy, cfg=cfg, max_turns=5, max_response_tokens=2000)
     assert time.perf_counter() - t0 < 5
     assert stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0
     assert_exactly_once(trajs, script, 4)
 
 
-def test_an_engine_that_answers_no_probe_is_dead(tok, service):
+def test_an_engine_that_answers_no_probe_is_dead(chat, service):
     script = {"zqa": [CALL, ANSWER]}
-    gen = scripted(tok, script)
+    gen = scripted(chat, script)
     mute = FakeEngine(gen, hang_after=0)
     mute.probe = lambda: Future()  # the whole process is frozen
-    trajs, stats = run_sched(tok, service, script, [mute, FakeEngine(gen)], samples=4,
+    trajs, stats = run_sched(chat, service, script, [mute, FakeEngine(gen)], samples=4,
                              cfg=SchedulerCfg(hang_timeout_s=0.3, probe_interval_s=0.05), max_turns=5,
                              max_response_tokens=2000)
     assert stats["sched_engine_failures"] == 1 and "probe" in stats["sched_failures"][0]["error"]
     assert_exactly_once(trajs, script, 4)
 
 
-def test_the_scheduler_hears_each_turn_as_it_ends(tok, service, monkeypatch):
+def test_the_scheduler_hears_each_turn_as_it_ends(chat, service, monkeypatch):
     """The scheduler gets a trajectory's length the moment a turn ends: when it leaves for a tool, its footprint holds
     the turn just generated (the KV vLLM keeps cached for it), and when it finishes, the length estimate learns its
     whole response and every turn (before, a one-turn trajectory was learned as length 0, turns 0)."""
@@ -293,7 +298,7 @@ def test_the_scheduler_hears_each_turn_as_it_ends(tok, service, monkeypatch):
     monkeypatch.setattr(Scheduler, "at_tool", spy)
     script = {"zqa": [CALL, ANSWER], "zqb": [CALL, CALL, ANSWER], "zqc": [ANSWER]}
     est = LengthEstimator()
-    trajs, _ = run_sched(tok, service, script, [FakeEngine(scripted(tok, script))], samples=2, estimator=est,
+    trajs, _ = run_sched(chat, service, script, [FakeEngine(scripted(chat, script))], samples=2, estimator=est,
                          max_turns=5, max_response_tokens=2000)
     est.commit()
     assert sorted(est._ref) == sorted((len(t.response_ids), t.num_turns) for t in trajs)

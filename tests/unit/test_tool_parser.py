@@ -1,11 +1,20 @@
-"""Tool-call parsing of one assistant turn and the tool-response text (implementation notes §4.3)."""
+"""Tool-call parsing of one assistant turn and the tool-response text (implementation notes §4.3). The markers are
+Hermes' (what rstar2.chat reads off a Qwen-style template); another pair works the same."""
 
+import functools
 import json
 
 from rstar2.sandbox import ExecRequest, ExecResult
-from rstar2.template import TOOL_NAME, tool_call_text
-from rstar2.tool_parser import (ToolCall, format_tool_response, parse_tool_calls, tool_call_to_request,
-                                truncate_middle)
+from rstar2.template import TOOL_NAME
+from rstar2.tool_parser import ToolCall, format_tool_response, tool_call_to_request, truncate_middle
+from rstar2.tool_parser import parse_tool_calls as parse_with
+
+parse_tool_calls = functools.partial(parse_with, open_="<tool_call>", close="</tool_call>")
+
+
+def tool_call_text(code: str, stdin: str = "") -> str:
+    """A Hermes tool call as a Qwen-style template renders it."""
+    return "<tool_call>\n" + json.dumps({"name": TOOL_NAME, "arguments": {"code": code, "input": stdin}}) + "\n</tool_call>"
 
 
 def test_no_tool_call():
@@ -46,6 +55,13 @@ def test_missing_keys_and_wrong_types():
         parsed = parse_tool_calls(f"<tool_call>{body}</tool_call>")
         assert parsed.calls == [] and parsed.error.startswith("Failed to decode tool call:") and needle in parsed.error
     assert parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>").error.startswith("Failed to decode")
+
+
+def test_markers_are_the_callers():
+    text = '[CALL]{"name": "%s", "arguments": {"code": "1"}}[/CALL]' % TOOL_NAME
+    assert parse_with(text, "[CALL]", "[/CALL]").calls == [ToolCall(TOOL_NAME, {"code": "1"})]
+    hermes = parse_tool_calls(text)
+    assert hermes.calls == [] and hermes.error is None  # no Hermes marker in it: no call
 
 
 def test_arguments_as_json_string():

@@ -1,0 +1,74 @@
+"""`rstar2 sft` on any chat model: transcripts in the common messages layout (rstar2.transcripts), rendered with the
+model's own template, a few steps on the Qwen-shaped fixture, bucketed or packed, and a loadable model directory out.
+Bad input is one clear error naming the file and line."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from cli.main import app
+from rstar2 import checkpoint, transcripts
+from rstar2.chat import ChatFormat, prompt_messages
+from rstar2.template import TOOL_NAME
+
+
+def _rows(n: int) -> list[dict]:
+    """Two-turn transcripts with a tool call; the arguments as a JSON string (OpenAI's layout) in every other one."""
+    rows = []
+    for i in range(n):
+        a, b = 10 + i, 7
+        args = {"code": f"print({a} * {b})", "input": ""}
+        call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": json.dumps(args) if i % 2 else args}}
+        rows.append({"messages": prompt_messages(f"What is {a} * {b}?", system=False) + [
+            {"role": "assistant", "content": "Let me compute.", "tool_calls": [call]},
+            {"role": "tool", "content": f"Tool call success\nstdout: {a * b}\n"},
+            {"role": "assistant", "content": f"<answer>\\boxed{{{a * b}}}</answer>"}]})
+    return rows
+
+
+def _sft(tmp_path, model, data, out, *sets):
+    return CliRunner().invoke(app, ["sft", "--data", str(data), "--model", str(model), "--out", str(out),
+                                    "--json", str(tmp_path / "res.json"), "--set", "trainer.device=cpu",
+                                    *[x for s in sets for x in ("--set", s)]])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_rstar2_sft_trains_a_chat_model_and_writes_a_loadable_model(tmp_path, qwen_model_dir, packed):
+    data, out = tmp_path / "sft.jsonl", tmp_path / "out"
+    transcripts.write(_rows(8), data)
+    res = _sft(tmp_path, qwen_model_dir, data, out, "sft.epochs=2", "sft.batch_tokens=512", f"sft.packed={packed}")
+    assert res.exit_code == 0, res.output
+    figures = json.loads((tmp_path / "res.json").read_text())
+    assert figures["steps"] >= 4 and figures["final_loss"] == figures["final_loss"]  # 2 batches an epoch at least
+    assert checkpoint.is_committed(out) and ChatFormat.load(out).end_of_turn == "<|im_end|>"
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    before = load_file(str(qwen_model_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    assert not torch.equal(model.model.embed_tokens.weight.detach(), before)
+
+
+def test_rstar2_sft_refuses_bad_input_with_one_clear_error(tmp_path, qwen_model_dir):
+    data = tmp_path / "bad.jsonl"
+    good = json.dumps(_rows(1)[0])
+    cases = {
+        "{not json": "bad.jsonl:2: Expecting property name",
+        json.dumps({"text": "hi"}): "bad.jsonl:2: expected an object with a non-empty 'messages' list",
+        json.dumps({"messages": prompt_messages("q")}): "bad.jsonl:2: no assistant message",
+        json.dumps({"messages": [{"role": "robot", "content": "x"}]}): "bad.jsonl:2: message 0: expected an object whose 'role'",
+        json.dumps({"messages": prompt_messages("q") + [{"role": "assistant", "content": "", "tool_calls": [{"f": 1}]}]}):
+            "bad.jsonl:2: message 2: a tool call needs",
+    }
+    for line, error in cases.items():
+        data.write_text(good + "\n" + line + "\n")
+        with pytest.raises(ValueError, match=error):
+            transcripts.read(data)
+    res = _sft(tmp_path, qwen_model_dir, data, tmp_path / "out")
+    assert res.exit_code == 2 and "bad.jsonl:2: message 2: a tool call needs" in res.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    res = _sft(tmp_path, qwen_model_dir, data, tmp_path / "full")
+    assert res.exit_code == 2 and "exists and is not empty" in res.output
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
