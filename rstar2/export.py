@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from rstar2 import checkpoint
-from rstar2.world.tokenizer import load as load_tokenizer
+from rstar2.chat import ChatFormat
 
 # what a Hugging Face causal LM directory is made of (weights possibly sharded); everything else stays behind
 HF_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
@@ -38,12 +38,11 @@ def model_dir(path: str | Path) -> Path:
 
 def export(src: str | Path, out: str | Path) -> Path:
     """Write `src`'s model as a plain HF model directory `out` (created whole or not at all); refuses an `out` that
-    exists and is not empty, and a model whose tokenizer has no chat template (nothing could prompt it)."""
+    exists and is not empty, and a model whose chat template cannot render the tool conversation (ChatTemplateError)."""
     src, out = model_dir(src), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty: export writes a new directory and never overwrites")
-    if not load_tokenizer(src).chat_template:
-        raise ValueError(f"{src}: its tokenizer has no chat template (tokenizer_config.json / chat_template.jinja)")
+    ChatFormat.load(src)  # a model whose template cannot hold a tool conversation is refused, naming what it lacks
 
     def write(tmp: Path) -> None:
         for pattern in HF_FILES:

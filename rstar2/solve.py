@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from rstar2 import steps
 from rstar2.agent_loop import AgentLoop, EngineSet
+from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.export import model_dir as check_model_dir
 from rstar2.reward import extract_answer
 from rstar2.rollout import RolloutLimits, Trajectory
 from rstar2.sandbox import ExecRequest
-from rstar2.template import TOOL_CALL_OPEN
 from rstar2.tool_parser import parse_tool_calls, tool_call_to_request
-from rstar2.world.tokenizer import load as load_tokenizer
 
 
 def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temperature: float | None = None,
@@ -23,7 +22,7 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
     """The trajectory of `model` (a run's checkpoint or a HF model directory) on `problem` as a record (`turns`), with
     the evaluation's settings of `cfg` (temperature, turns, response length) unless given here."""
     path = str(check_model_dir(model))
-    tok = load_tokenizer(path)
+    chat = ChatFormat.load(path)  # refuses a model whose template cannot hold a tool conversation
     limits = RolloutLimits(max_turns or cfg.eval.max_turns, cfg.eval.max_response_tokens,
                            cfg.rollout.tool_response_chars, cfg.world.max_positions)
     t = cfg.eval.temperature if temperature is None else temperature
@@ -34,7 +33,7 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
                                    block_size=cfg.engine.block_size))
     try:
         client = engine.client(t, cfg.rollout.top_p)
-        loop = AgentLoop(EngineSet([client], [client.capacity]), cfg.scheduler, sandbox, tok, limits)
+        loop = AgentLoop(EngineSet([client], [client.capacity]), cfg.scheduler, sandbox, chat, limits)
         (traj,), _ = loop.run([{"problem_id": "solve", "prompt": problem, "answer": answer or ""}], 1, seed)
     finally:
         engine.close()
@@ -42,19 +41,19 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
     reward = None
     if answer is not None:
         reward = steps.verifier(cfg.sandbox).score([final], [answer], [traj.truncated])[0]
-    return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed, "turns": turns(traj),
+    return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed, "turns": turns(traj, chat),
             "final_answer": extract_answer(final), "reward": reward, "truncated": traj.truncated,
             "response_tokens": len(traj.response_ids)}
 
 
-def turns(traj: Trajectory) -> list[dict]:
+def turns(traj: Trajectory, chat: ChatFormat) -> list[dict]:
     """Each model turn: its text, the text before its tool call (its reasoning), and its call if it made one: code
     and input (None for a call that could not be decoded), the tool's status and the text it sent back."""
     out = []
     for k, text in enumerate(traj.assistant_turns):
-        parsed = parse_tool_calls(text)
+        parsed = parse_tool_calls(text, chat.tool_call_open, chat.tool_call_close)
         call = tool_call_to_request(parsed.calls[0]) if parsed.calls else None
-        turn = {"text": text, "reasoning": text.split(TOOL_CALL_OPEN)[0], "tool": None}
+        turn = {"text": text, "reasoning": text.split(chat.tool_call_open)[0], "tool": None}
         if k < len(traj.tool_statuses):
             turn["tool"] = {"code": call.code if isinstance(call, ExecRequest) else None,
                             "input": call.stdin if isinstance(call, ExecRequest) else None,

@@ -19,7 +19,7 @@ from rstar2.rollout import RolloutLimits, to_rows
 from rstar2.steps import ToolDisabled
 from rstar2.trainer import PolicyTrainer, _Batch
 from rstar2.world import build
-from rstar2.world.tokenizer import load
+from rstar2.chat import load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 

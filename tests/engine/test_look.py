@@ -14,11 +14,11 @@ from rstar2.config import TrainerCfg
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.trainer import PolicyTrainer
 from rstar2.world import build
-from rstar2.world.tokenizer import load
+from rstar2.chat import load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 
-MODELS = ["tiny_checkpoint"]
+MODELS = ["tiny_checkpoint", "qwen_model_dir"]  # qwen_model_dir: tests/fixtures/qwen.py, via tests/conftest.py
 SMALL = ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=1024"]
 SOLVE = ["--set", "world.max_positions=1024", "--set", "eval.max_response_tokens=48", "--set", "sandbox.workers=1",
          "--set", "engine.kv_cache_mb=32"]

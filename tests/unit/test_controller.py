@@ -87,6 +87,7 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(controller.cluster, "init", lambda: None)
     monkeypatch.setattr(controller, "EngineActor", FakeEngine)
     monkeypatch.setattr(controller, "PolicyTrainer", FakeTrainer)
+    monkeypatch.setattr(controller.ChatFormat, "load", classmethod(lambda cls, d: None))  # no model dir behind "/m/..."
     return ray
 
 

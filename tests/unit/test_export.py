@@ -13,7 +13,7 @@ from rstar2 import checkpoint, config, export
 from rstar2.config import TrainerCfg
 from rstar2.trainer import STATE_FILE, PolicyTrainer
 from rstar2.world import build
-from rstar2.world.tokenizer import load
+from rstar2.chat import load_tokenizer as load
 
 TINY = ["world.n_sft=60", "world.n_train=12", "world.n_test=6", "world.hidden=32", "world.ffn=64", "world.layers=2",
         "world.heads=2", "world.kv_heads=1", "world.vocab_size=600"]
@@ -67,6 +67,6 @@ def test_what_is_not_a_model_is_refused_naming_what_it_lacks(run_checkpoint, tmp
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
     (bare / "chat_template.jinja").unlink(missing_ok=True)
-    with pytest.raises(ValueError, match="no chat template"):
+    with pytest.raises(ValueError, match="bare: the tokenizer has no usable chat template"):
         export.export(bare, tmp_path / "out")
     assert not (tmp_path / "out").exists()

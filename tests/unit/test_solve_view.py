@@ -6,18 +6,21 @@ from rich.console import Console
 
 from cli.main import trajectory_view
 from rstar2 import template as T
+from rstar2.chat import ChatFormat
 from rstar2.rollout import Trajectory
 from rstar2.solve import turns
+from rstar2.world import tokenizer as tiny
 
-CALL = "\nmultiply\n" + T.REASON_CLOSE + "\n" + T.tool_call_text("print(int(input()) * 7)", "6") + T.IM_END
-BROKEN = "\nagain\n" + T.REASON_CLOSE + "\n" + T.TOOL_CALL_OPEN + '\n{"name": oops}\n' + T.TOOL_CALL_CLOSE + T.IM_END
-ANSWER = "\nso 42\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + T.IM_END
+CHAT = ChatFormat.from_template(tiny.CHAT_TEMPLATE, tiny.SPECIAL_TOKENS, "the tiny world's template")
+CALL = "\nmultiply\n" + T.REASON_CLOSE + "\n" + CHAT.assistant_turn("", "print(int(input()) * 7)", "6")
+BROKEN = "\nagain\n" + T.REASON_CLOSE + "\n<tool_call>\n{\"name\": oops}\n</tool_call>" + tiny.IM_END
+ANSWER = "\nso 42\n" + T.REASON_CLOSE + "\n" + T.ANSWER_OPEN + "\\boxed{42}" + T.ANSWER_CLOSE + tiny.IM_END
 
 
 def test_turns_pair_each_call_with_its_status_and_reply_and_the_view_shows_every_section():
     t = Trajectory("p", 0, "42", [1], 100, assistant_turns=[CALL, BROKEN, ANSWER], tool_statuses=["ok", "parse_error"],
                    tool_replies=["Tool call success\nstdout: 42\n", "Failed to decode tool call: Expecting value"])
-    got = turns(t)
+    got = turns(t, CHAT)
     reasoning = [g["reasoning"] for g in got]
     assert reasoning == ["\nmultiply\n" + T.REASON_CLOSE + "\n", "\nagain\n" + T.REASON_CLOSE + "\n", ANSWER]
     assert got[0]["tool"] == {"code": "print(int(input()) * 7)", "input": "6", "status": "ok",

@@ -60,7 +60,7 @@ def test_bad_sources_are_one_clear_error(tmp_path):
     pl.DataFrame({"problem_id": ["a", "a"], "prompt": ["p", "q"], "answer": ["1", "2"]}).write_parquet(src)
     with pytest.raises(ValueError, match=r"t\.parquet: problem_id values are not unique, e\.g\. \['a'\]"):
         build.sync_data(_cfg(tmp_path, train=src), world)
-    real = [f"world.base_model={tmp_path}", f"world.train_data={src}"]
+    real = [f"world.base_model={tmp_path}", f"world.train_data={src}", "sft.enabled=false"]
     with pytest.raises(ValueError, match=r"world.test_data must name a problem table \(or set eval.suites\)"):
         build.build(config.load("tiny", real), world)
     with_suites = config.load("tiny", real + ["eval.suites=[{name: a, path: a.jsonl}]"])
