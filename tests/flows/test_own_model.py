@@ -92,7 +92,10 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
                  f"sft.data={_jsonl(tmp_path / 'sft.jsonl', transcripts())}", "sft.epochs=2", "sft.batch_tokens=512",
                  suites, "eval.samples=2", "eval.pass_k=[1, 2]", "eval.max_turns=2", "eval.max_response_tokens=48",
                  "rollout.group_size=2", "rollout.max_turns=2", "rollout.max_response_tokens=48",
-                 "stages=[{name: rl, steps: 1, prompts_per_step: 2}]"]
+                 "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
+                 # a random model's rewards are all 0: keep its groups so the update runs (on zero advantages), with
+                 # truncated importance sampling, which needs the engine's log-probs of the sampled tokens
+                 "roc.drop_all_equal=false", "trainer.tis_cap=2.0"]
     summary = campaign(CampaignParams(preset="tiny", overrides=overrides, run_name="own"))
 
     run = runs / "own"
@@ -102,11 +105,14 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
     assert final == run / "checkpoints" / "rl" / "step-0001" and checkpoint.is_committed(final)
     rollouts = pl.read_parquet(run / "rl" / "step-0000" / "rollouts.parquet")
     assert set(rollouts["problem_id"]) <= set(table["problem_id"]) and rollouts["problem_id"].n_unique() == 2
+    assert all(len(lp) == n and max(lp) <= 0.0 for lp, n in rollouts.select("response_logprobs", "response_len").rows())
 
     client = mlflow.MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rstar2-tiny").experiment_id
     assert [d.dataset.name for d in client.search_runs([exp], "tags.kind = 'data-import'")[0].inputs.dataset_inputs] \
         == ["train"]
+    stage = client.search_runs([exp], "attributes.run_name = 'stage-rl'")[0].data.metrics
+    assert stage["update_tokens"] > 0 and not stage.get("skipped")  # the trainer updated the SFT'd fixture
     metrics = client.get_run(summary["mlflow_run_id"]).data.metrics  # the latest values: the final evaluation's
     logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.checkpoint") == str(final))
     on_model = {m.key: m.value for m in logged.metrics}
