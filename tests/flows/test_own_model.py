@@ -58,16 +58,16 @@ def dapo_rows() -> list[dict]:
 
 def transcripts() -> list[dict]:
     """Chat transcripts in the messages layout, each with a tool call and its tool message."""
-    out = []
-    for a, b in ((47, 83), (12, 34), (9, 9), (101, 7)):
-        out.append({"messages": [
-            {"role": "user", "content": f"Compute {a} * {b}."},
-            {"role": "assistant", "content": "I will compute it with Python.",
-             "tool_calls": [{"type": "function", "function": {
-                 "name": TOOL, "arguments": json.dumps({"code": f"print({a} * {b})", "input": ""})}}]},
-            {"role": "tool", "content": f"Tool call success\nstdout: {a * b}\n"},
-            {"role": "assistant", "content": f"<reason>The code printed it.</reason><answer>\\boxed{{{a * b}}}</answer>"}]})
-    return out
+    def one(a: int, b: int) -> dict:
+        call = {"name": TOOL, "arguments": json.dumps({"code": f"print({a} * {b})", "input": ""})}
+        answer = f"<reason>The code printed it.</reason><answer>\\boxed{{{a * b}}}</answer>"
+        return {"messages": [{"role": "user", "content": f"Compute {a} * {b}."},
+                             {"role": "assistant", "content": "I will compute it with Python.",
+                              "tool_calls": [{"type": "function", "function": call}]},
+                             {"role": "tool", "content": f"Tool call success\nstdout: {a * b}\n"},
+                             {"role": "assistant", "content": answer}]}
+
+    return [one(a, b) for a, b in ((47, 83), (12, 34), (9, 9), (101, 7))]
 
 
 def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_model_dir):
@@ -99,7 +99,8 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
     summary = campaign(CampaignParams(preset="tiny", overrides=overrides, run_name="own"))
 
     run = runs / "own"
-    assert json.loads((run / "sft" / "config.json").read_text())["model_type"] == "qwen3"  # SFT of the fixture
+    assert json.loads((run / "sft" / "config.json").read_text())["model_type"] == "qwen3"  # SFT of the fixture ...
+    assert json.loads((run / "sft" / "sft_result.json").read_text())["steps"] > 0  # ... on the transcripts
     assert checkpoint.is_committed(run / "sft") and summary["steps"] == 1 and summary["eval_split"] == "aime"
     final = Path(summary["final_checkpoint"])
     assert final == run / "checkpoints" / "rl" / "step-0001" and checkpoint.is_committed(final)
