@@ -197,7 +197,8 @@ def _gpu(cfg: RunCfg, f: dict, gpus: int, mem: float, trainer: int, weights: int
         n = max(engine_gpus, t.world_size)
         resident = (trainer / GIB - f["trainer_activations_gb"])
         count_ok = n <= gpus and engine_gpus == t.world_size
-        count = "" if count_ok else f"; engine GPUs ({engine_gpus}) must equal trainer ranks, within {gpus} GPUs"
+        count = "" if count_ok else (f"; needs {n} GPUs, has {gpus}" if engine_gpus == t.world_size else
+                                     f"; engine GPUs ({engine_gpus}) must equal trainer ranks ({t.world_size})")
         # vLLM takes gpu_memory_utilization x the GPU for itself: that and the trainer's states must fit together
         return [Device("colocated (update)", n, trainer / GIB, mem, trainer / GIB <= mem and count_ok,
                        f"{t.world_size} rank(s), engines asleep{count}"),
