@@ -156,6 +156,8 @@ class PlacementCfg(_Cfg):
     strategy: Literal["pack", "spread"] = "pack"  # Ray placement-group strategy for the trainer ranks' and engines'
     # bundles: pack fills a node before the next (NVLink within a node), spread puts each bundle on another node
     colocate: bool = False  # engines and trainer ranks share GPUs: engines sleep (vLLM sleep mode) during the update
+    engine_resources: dict[str, float] = {}  # custom Ray resources every engine bundle also asks for, e.g.
+    trainer_resources: dict[str, float] = {}  # {rollout: 1}: keeps them on nodes started with `ray start --resources`
     gpus: int = Field(0, ge=0)  # accelerators the run is planned for (0: a CPU machine, sized by its RAM)
     gpu_mem_gb: float = Field(80.0, gt=0)  # memory of one accelerator
 
