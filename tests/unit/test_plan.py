@@ -65,14 +65,17 @@ def test_the_paper_preset_on_too_few_gpus_does_not_fit():
     assert not small_gpu["fits"]  # ~78 GB of activations beside the model states
 
 
-def test_an_impossible_run_is_refused_before_any_actor_starts(tmp_path):
+def test_an_impossible_run_is_refused_before_any_actor_starts(tmp_path, monkeypatch):
     from flows.campaign import CampaignParams, campaign
+    from rstar2 import cluster
 
-    assert not ray.is_initialized()
+    joined, ray_before = [], ray.is_initialized()
+    monkeypatch.setattr(cluster, "init", lambda: joined.append(True))  # where every Ray start goes through
     params = CampaignParams(preset="qwen3-14b", overrides=["placement.gpus=8", f"out_dir={tmp_path}"])
     with pytest.raises(plan.PlanError, match="does not fit 8 x 192 GB GPUs"):
         campaign.fn(params)
-    assert not ray.is_initialized() and not any(tmp_path.iterdir())  # no Ray, not even a run directory
+    assert not joined and ray.is_initialized() == ray_before
+    assert not any(tmp_path.iterdir())  # not even a run directory
 
 
 def test_plan_command_exit_codes(tmp_path):
