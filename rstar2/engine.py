@@ -57,7 +57,7 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None  # GPUs: size KV by utilisation instead of bytes
     block_size: int | None = None  # KV block (tokens); None: vLLM's default for the platform
     tensor_parallel_size: int = 1  # > 1: vLLM's Ray executor runs one worker per GPU of the engine's bundles
-    sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU during the update, `wake_up` refills it
+    sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
 
 
 class Backend(Protocol):

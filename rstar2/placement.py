@@ -79,7 +79,8 @@ def reserve(cfg: RunCfg, gpu: bool, name: str, with_trainer: bool = True, timeou
     has placed every bundle; a cluster too small for them raises after `timeout_s`. Without the trainer (an
     evaluation) only the engines' bundles are reserved, unless colocated."""
     if cfg.engine.tensor_parallel_size > 1 and not gpu:
-        raise ValueError("engine.tensor_parallel_size > 1 needs GPUs (vLLM's CPU backend runs an engine in one process)")
+        raise ValueError("engine.tensor_parallel_size > 1 needs GPUs (vLLM's CPU backend runs an engine in one "
+                         "process)")
     strategy = cfg.placement.strategy.upper()
     eng, tr = bundles(cfg, gpu)
     if cfg.placement.colocate:
