@@ -91,11 +91,60 @@ def _check_preset(preset: str, overrides: list[str]) -> None:
     """Fail fast, with one clear message, before anything starts."""
     from rstar2 import config
 
+    from rstar2 import plan
+
     try:
-        config.load(preset, overrides)
+        plan.require_fit(config.load(preset, overrides))
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+
+
+@app.command("plan")
+def plan_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"),
+             gpus: Optional[int] = typer.Option(None, min=0, help="accelerators (default: the preset's placement.gpus; "
+                                                                   "0: this machine's RAM)"),
+             gpu_mem: Optional[float] = typer.Option(None, "--gpu-mem", min=1, help="GB of one accelerator "
+                                                     "(default: the preset's placement.gpu_mem_gb)"),
+             set_: list[str] = typer.Option([], "--set", help="override, e.g. --set trainer.world_size=16"),
+             json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Whether a preset fits its hardware: per-device memory of trainer ranks and engines, and a verdict. Exit code 1
+    when it does not fit (a campaign refuses such a run before any actor starts)."""
+    from rstar2 import config, plan
+
+    try:
+        res = plan.plan(config.load(preset, set_), gpus, gpu_mem)
+    except Exception as e:  # noqa: BLE001 - shown to the user as one line
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    for table in plan_tables(res, preset):
+        console.print(table)
+    console.print("[green]fits[/green]" if res["fits"] else "[red]does not fit[/red]")
+    _write_json(json_path, res)
+    if not res["fits"]:
+        raise typer.Exit(1)
+
+
+def plan_tables(res: dict, preset: str) -> list[Table]:
+    f = res["figures"]
+    where = f"{res['gpus']} x {res['gpu_mem_gb']:g} GB" if res["gpus"] else "this machine (CPU)"
+    sizes = Table(title=f"rstar2 plan '{preset}' on {where}: {f['params'] / 1e9:.3g} B parameters "
+                        f"(largest layer {f['largest_layer_params'] / 1e6:.0f} M)")
+    for col in ("per device", "GB"):
+        sizes.add_column(col, justify="right" if col == "GB" else "left")
+    for label, key in (("trainer model states (DeepSpeed estimator)", "trainer_model_states_gb"),
+                       ("trainer reference policy", "trainer_reference_gb"),
+                       ("trainer activations (as configured)", "trainer_activations_gb"),
+                       ("trainer activations (checkpointing toggled)", "trainer_activations_other_gb"),
+                       ("trainer total", "trainer_gb"), ("engine weights per TP shard", "engine_weights_gb")):
+        sizes.add_row(label, f"{f[key]:.2f}")
+    verdict = Table(title="verdict per device kind")
+    for col in ("device", "count", "needs GB", "has GB", "fits", "detail"):
+        verdict.add_column(col, justify="right" if col in ("count", "needs GB", "has GB") else "left")
+    for d in res["devices"]:
+        verdict.add_row(d["kind"], str(d["count"]), f"{d['need_gb']:.1f}", f"{d['have_gb']:.1f}",
+                        "yes" if d["fits"] else "[red]no[/red]", escape(d["detail"]))
+    return [sizes, verdict]
 
 
 @app.command()

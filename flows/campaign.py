@@ -23,7 +23,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from rstar2 import checkpoint, config, report, runstate
+from rstar2 import checkpoint, config, plan, report, runstate
 from rstar2.config import RunCfg
 from rstar2.controller import Controller
 from flows.evaluate import evaluate_checkpoint
@@ -72,6 +72,7 @@ def rl_seed(cfg: RunCfg, ctl: Controller, world: dict, run_dir: str, experiment_
 def campaign(params: CampaignParams = CampaignParams()) -> dict:
     t0 = time.perf_counter()
     cfg = config.load(params.preset, params.overrides)
+    plan.require_fit(cfg)  # a run that cannot fit its GPUs stops here, before Ray or any actor starts
     run = runstate.run_dir(cfg, params.run_name)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.json").write_text(cfg.model_dump_json(indent=1))

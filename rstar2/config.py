@@ -31,6 +31,8 @@ class WorldCfg(_Cfg):
     ffn: int = 704
     max_positions: int = 2048
     base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
+    arch: dict | None = None  # the base model's config.json fields (model_type, hidden_size, ...): the shape `rstar2
+    # plan` sizes memory from where base_model is not on this machine (a planning host without the weights)
     # problem tables (Parquet or JSONL in the schema of rstar2/data/schema.py; `rstar2 data import` makes them) used
     # instead of the generator's splits whenever set (rows with a non-integer answer are dropped, and counted)
     train_data: str | None = None
@@ -121,6 +123,7 @@ class TrainerCfg(_Cfg):
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: Literal[2, 3] = 2
     world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each); > 1 needs backend=deepspeed
+    gradient_checkpointing: bool = False  # recompute each layer's activations in backward (keeps only its input)
 
     @property
     def engine_logprobs(self) -> bool:
@@ -139,11 +142,24 @@ class TrainerCfg(_Cfg):
 
 class EngineCfg(_Cfg):
     num_engines: int = 1
+    tensor_parallel_size: int = Field(1, ge=1)  # GPUs one engine spans (vLLM tensor parallelism; > 1 needs GPUs)
     kv_cache_mb: int = 256
     gpu_memory_utilization: float | None = None
     dtype: str = "bfloat16"
     block_size: int | None = Field(None, ge=1)  # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole
     # blocks are prefix-cached: smaller blocks let a trajectory's next turn and a prompt's siblings reuse more KV
+
+
+class PlacementCfg(_Cfg):
+    """Where a run's actors go (rstar2/controller.py) and the hardware `rstar2 plan` checks it against (rstar2/plan.py;
+    the campaign refuses a run that does not fit before any actor starts)."""
+    strategy: Literal["pack", "spread"] = "pack"  # Ray placement-group strategy for the trainer ranks' and engines'
+    # bundles: pack fills a node before the next (NVLink within a node), spread puts each bundle on another node
+    colocate: bool = False  # engines and trainer ranks share GPUs: engines sleep (vLLM sleep mode) during the update
+    engine_resources: dict[str, float] = {}  # custom Ray resources every engine bundle also asks for, e.g.
+    trainer_resources: dict[str, float] = {}  # {rollout: 1}: keeps them on nodes started with `ray start --resources`
+    gpus: int = Field(0, ge=0)  # accelerators the run is planned for (0: a CPU machine, sized by its RAM)
+    gpu_mem_gb: float = Field(80.0, gt=0)  # memory of one accelerator
 
 
 class SchedulerCfg(_Cfg):
@@ -251,6 +267,7 @@ class RunCfg(_Cfg):
     roc: RoCCfg = Field(default_factory=RoCCfg)
     trainer: TrainerCfg = Field(default_factory=TrainerCfg)
     engine: EngineCfg = Field(default_factory=EngineCfg)
+    placement: PlacementCfg = Field(default_factory=PlacementCfg)
     scheduler: SchedulerCfg = Field(default_factory=SchedulerCfg)
     stages: list[StageCfg] = Field(default_factory=list)
     eval: EvalCfg = Field(default_factory=EvalCfg)

