@@ -351,6 +351,60 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
         raise typer.Exit(2)
 
 
+analyze_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Analyses of a run's policy (paper §5)")
+app.add_typer(analyze_app, name="analyze")
+
+
+@analyze_app.command("entropy")
+def analyze_entropy(run: str = typer.Option(..., "--run", help="the run's name (its directory under the preset's "
+                                                              "out_dir)"),
+                    preset: str = typer.Option("tiny", help="the preset whose out_dir holds the run"),
+                    checkpoint: list[str] = typer.Option([], "--checkpoint", help="a model directory, repeatable, "
+                                                         "in order (default: the SFT model, then the newest RL "
+                                                         "checkpoint)"),
+                    trajectories: Optional[Path] = typer.Option(None, help="a rollout table (default: the last RL "
+                                                                           "step's scored.parquet)"),
+                    rl_seed: Optional[int] = typer.Option(None, help="with several RL seeds: which (default: lowest)"),
+                    samples: int = typer.Option(64, min=1, help="trajectories drawn from the table"),
+                    window: int = typer.Option(8, min=1, help="model tokens after a tool response counted as "
+                                                              "reflection tokens (the paper names no number)"),
+                    top_frac: float = typer.Option(0.2, min=0.01, max=0.99, help="the high-entropy set: this top "
+                                                                                 "fraction of tokens (paper: 0.2)"),
+                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Per-token entropy of the policy on the run's own trajectories, the top-entropy tokens split into forking
+    (reasoning) and reflection (right after a tool response) tokens, from the SFT model to the end of RL."""
+    env.apply()
+    _check_preset(preset, [])
+    from flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow
+    from rstar2.entropy import comparison_rows
+
+    try:
+        params = EntropyParams(preset=preset, run_name=run, rl_seed=rl_seed, checkpoints=checkpoint,
+                               trajectories=str(trajectories) if trajectories else None, samples=samples,
+                               window=window, top_frac=top_frac)
+        from flows.analyze_entropy import run_paths
+
+        run_paths(params)  # a missing run fails here with one line, before Prefect starts
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    res = entropy_flow(params)
+    rows = comparison_rows(res["by_checkpoint"])
+    table = Table(title=escape(f"rstar2 analyze entropy '{run}': top {top_frac:.0%} entropy tokens, forking = "
+                               f"reasoning, reflection = first {window} tokens after a tool response "
+                               f"({samples} trajectories of {res['trajectories']})"))
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col == "checkpoint" else "right")
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    console.print(table)
+    for lbl, f in res["by_checkpoint"].items():
+        for c, kind in (("reasoning", "forking"), ("reflection", "reflection")):
+            console.print(f"{lbl} {kind}: " + escape(", ".join(f"{s!r} {n}" for s, n in f[c]["top_strings"])))
+    console.print(f"plots: {', '.join(res['plots'])} (also in MLflow, run {res['mlflow_run_id']})")
+    _write_json(json_path, res)
+
+
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Problem data in the schema RL and "
                                                                        "evaluation read (rstar2/data/schema.py)")
 app.add_typer(data_app, name="data")
