@@ -375,28 +375,26 @@ def analyze_entropy(run: str = typer.Option(..., "--run", help="the run's name (
     (reasoning) and reflection (right after a tool response) tokens, from the SFT model to the end of RL."""
     env.apply()
     _check_preset(preset, [])
-    from flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow
-    from rstar2.entropy import comparison_rows
+    from flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow, run_paths
 
     try:
         params = EntropyParams(preset=preset, run_name=run, rl_seed=rl_seed, checkpoints=checkpoint,
                                trajectories=str(trajectories) if trajectories else None, samples=samples,
                                window=window, top_frac=top_frac)
-        from flows.analyze_entropy import run_paths
-
         run_paths(params)  # a missing run fails here with one line, before Prefect starts
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
     res = entropy_flow(params)
-    rows = comparison_rows(res["by_checkpoint"])
-    table = Table(title=escape(f"rstar2 analyze entropy '{run}': top {top_frac:.0%} entropy tokens, forking = "
-                               f"reasoning, reflection = first {window} tokens after a tool response "
-                               f"({samples} trajectories of {res['trajectories']})"))
-    for col in rows[0]:
-        table.add_column(col, justify="left" if col == "checkpoint" else "right")
-    for r in rows:
-        table.add_row(*[str(v) for v in r.values()])
+    table = Table(title=escape(f"rstar2 analyze entropy '{run}': the top {top_frac:.0%} entropy tokens; forking = in "
+                               f"reasoning, reflection = first {window} tokens after a tool response ({samples} "
+                               f"trajectories of {res['trajectories']})"))
+    for col in ("checkpoint", "tokens", "class", "class tokens", "mean entropy", "share of top", "class rate in top"):
+        table.add_column(col, justify="left" if col in ("checkpoint", "class") else "right")
+    for lbl, f in res["by_checkpoint"].items():
+        for c, kind in (("reasoning", "forking"), ("reflection", "reflection")):
+            table.add_row(lbl, str(f["tokens"]), kind, str(f[c]["tokens"]), f"{f[c]['entropy_mean']:.4f}",
+                          f"{f[c]['share_of_high']:.3f}", f"{f[c]['high_rate']:.3f}")
     console.print(table)
     for lbl, f in res["by_checkpoint"].items():
         for c, kind in (("reasoning", "forking"), ("reflection", "reflection")):
