@@ -107,6 +107,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
              sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),
              seeds: int = typer.Option(1, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
                                                       "whether it differs from the first beyond that noise"),
+             last_steps: int = typer.Option(3, min=1, help="training figures at the end of RL: each seed's mean "
+                                                           "over its last N steps"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
@@ -122,7 +124,7 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
     from flows.ablation import AblationParams, ablation as ablation_flow
 
     res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
-                                       sft_checkpoint=sft_checkpoint, seeds=seeds))
+                                       sft_checkpoint=sft_checkpoint, seeds=seeds, last_steps=last_steps))
     for t in ablation_tables(res, name, preset):
         console.print(t)
     steps = Table(title="per step (train batch): reward, pass@1, tool-error rate among positives, response length")
@@ -139,6 +141,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
 def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
     """Per variant: held-out pass@1 after RL and the gain, mean [min, max] (95 % interval) over its seeds; then each
     variant minus the first with its Welch interval and whether it is beyond the seeds' noise."""
+    from rstar2.report import last_steps_rows
+
     iv = lambda ci, f="+.3f": "-" if ci is None else f"({ci[0]:{f}}, {ci[1]:{f}})"  # noqa: E731
     table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {res['seeds']} RL seed(s) "
                                f"per variant: mean [min, max] (95 % interval over seeds)"))
@@ -153,6 +157,14 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
                                                             f"{iv(r['gain_ci95'])}"),
                       f"{r['pass1_se']:.3f}", str(r["steps"]), str(r["wall_s"]))
     tables = [table]
+    end = Table(title=escape(f"at the end of RL (each seed's mean over its last {res['last_steps']['steps']} steps): "
+                             f"mean [min, max] (95 % interval over seeds); vs the first variant"))
+    cols = ("variant", "figure", "mean", "min", "max", "ci95", "seeds", "vs_baseline")
+    for col in cols:
+        end.add_column(col, justify="left" if col in ("variant", "figure") else "right")
+    for r in last_steps_rows(res["last_steps"]):
+        end.add_row(*[str(r[c]) for c in cols])
+    tables.append(end)
     if res["comparisons"]:
         vs = Table(title="each variant minus the first (Welch 95 % interval over seeds; beyond noise: it excludes 0)")
         for col in ("variant", "baseline", "difference", "95 % interval", "beyond noise"):
