@@ -6,6 +6,8 @@ plots go to an MLflow run of the run's experiment (`<run>-entropy`) and a Prefec
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 from prefect import flow
@@ -77,10 +79,12 @@ def analyze_entropy(params: EntropyParams = EntropyParams()) -> dict:
     by_ckpt = {label(c): token_entropy(c, trajectories, params.samples, cfg.seed, params.window, params.top_frac,
                                        cfg.trainer.micro_batch_tokens, cfg.trainer.device) for c in ckpts}
     name = f"{run.name}-entropy"
-    _, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, f"{rl}/entropy", tags={"kind": "entropy-analysis"},
-                               params={"trajectories": trajectories, "checkpoints": ",".join(ckpts),
-                                       "samples": params.samples, "window": params.window,
-                                       "top_frac": params.top_frac})
+    inputs = {"trajectories": trajectories, "checkpoints": ",".join(ckpts), "samples": params.samples,
+              "window": params.window, "top_frac": params.top_frac}
+    # one MLflow run per analysis: a retry finds its own, other checkpoints or settings get a new one
+    key = f"{rl}/entropy/{zlib.crc32(json.dumps(inputs, sort_keys=True).encode()):08x}"
+    _, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, key, tags={"kind": "entropy-analysis"},
+                               params=inputs)
     plots = entropy_report(run_id, str(rl / "analysis"), by_ckpt, name.lower().replace("_", "-"))
     track.end_run(run_id)
     return {"run_dir": str(run), "trajectories": trajectories, "checkpoints": ckpts, "by_checkpoint": by_ckpt,
