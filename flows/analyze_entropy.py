@@ -7,6 +7,7 @@ plots go to an MLflow run of the run's experiment (`<run>-entropy`) and a Prefec
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -76,8 +77,10 @@ def analyze_entropy(params: EntropyParams = EntropyParams()) -> dict:
     for c in ckpts:
         if not (Path(c) / "config.json").is_file():
             raise ValueError(f"{c} is not a model directory (it has no config.json)")
-    by_ckpt = {label(c): token_entropy(c, trajectories, params.samples, cfg.seed, params.window, params.top_frac,
-                                       cfg.trainer.micro_batch_tokens, cfg.trainer.device) for c in ckpts}
+    labels = [label(c) for c in ckpts]
+    labels = labels if len(set(labels)) == len(labels) else ckpts  # short names only while they tell them apart
+    by_ckpt = {lb: token_entropy(c, trajectories, params.samples, cfg.seed, params.window, params.top_frac,
+                                 cfg.trainer.micro_batch_tokens, cfg.trainer.device) for lb, c in zip(labels, ckpts)}
     name = f"{run.name}-entropy"
     inputs = {"trajectories": trajectories, "checkpoints": ",".join(ckpts), "samples": params.samples,
               "window": params.window, "top_frac": params.top_frac}
@@ -85,7 +88,7 @@ def analyze_entropy(params: EntropyParams = EntropyParams()) -> dict:
     key = f"{rl}/entropy/{zlib.crc32(json.dumps(inputs, sort_keys=True).encode()):08x}"
     _, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, key, tags={"kind": "entropy-analysis"},
                                params=inputs)
-    plots = entropy_report(run_id, str(rl / "analysis"), by_ckpt, name.lower().replace("_", "-"))
+    plots = entropy_report(run_id, str(rl / "analysis"), by_ckpt, re.sub(r"[^a-z0-9-]", "-", name.lower()))
     track.end_run(run_id)
     return {"run_dir": str(run), "trajectories": trajectories, "checkpoints": ckpts, "by_checkpoint": by_ckpt,
             "plots": plots, "mlflow_run_id": run_id}
