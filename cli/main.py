@@ -156,6 +156,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
              sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),
              seeds: int = typer.Option(1, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
                                                       "whether it differs from the first beyond that noise"),
+             last_steps: int = typer.Option(3, min=1, help="training figures at the end of RL: each seed's mean "
+                                                           "over its last N steps"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
@@ -171,7 +173,7 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
     from flows.ablation import AblationParams, ablation as ablation_flow
 
     res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
-                                       sft_checkpoint=sft_checkpoint, seeds=seeds))
+                                       sft_checkpoint=sft_checkpoint, seeds=seeds, last_steps=last_steps))
     for t in ablation_tables(res, name, preset):
         console.print(t)
     steps = Table(title="per step (train batch): reward, pass@1, tool-error rate among positives, response length")
@@ -188,6 +190,8 @@ def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path")
 def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
     """Per variant: held-out pass@1 after RL and the gain, mean [min, max] (95 % interval) over its seeds; then each
     variant minus the first with its Welch interval and whether it is beyond the seeds' noise."""
+    from rstar2.report import last_steps_rows
+
     iv = lambda ci, f="+.3f": "-" if ci is None else f"({ci[0]:{f}}, {ci[1]:{f}})"  # noqa: E731
     table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {res['seeds']} RL seed(s) "
                                f"per variant: mean [min, max] (95 % interval over seeds)"))
@@ -202,6 +206,14 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
                                                             f"{iv(r['gain_ci95'])}"),
                       f"{r['pass1_se']:.3f}", str(r["steps"]), str(r["wall_s"]))
     tables = [table]
+    end = Table(title=escape(f"at the end of RL (each seed's mean over its last {res['last_steps']['steps']} steps): "
+                             f"mean [min, max] (95 % interval over seeds); vs the first variant"))
+    cols = ("variant", "figure", "mean", "min", "max", "ci95", "seeds", "vs_baseline")
+    for col in cols:
+        end.add_column(col, justify="left" if col in ("variant", "figure") else "right")
+    for r in last_steps_rows(res["last_steps"]):
+        end.add_row(*[str(r[c]) for c in cols])
+    tables.append(end)
     if res["comparisons"]:
         vs = Table(title="each variant minus the first (Welch 95 % interval over seeds; beyond noise: it excludes 0)")
         for col in ("variant", "baseline", "difference", "95 % interval", "beyond noise"):
@@ -398,6 +410,58 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
     except Exception as e:  # noqa: BLE001
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+
+
+analyze_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Analyses of a run's policy (paper §5)")
+app.add_typer(analyze_app, name="analyze")
+
+
+@analyze_app.command("entropy")
+def analyze_entropy(run: str = typer.Option(..., "--run", help="the run's name (its directory under the preset's "
+                                                              "out_dir)"),
+                    preset: str = typer.Option("tiny", help="the preset whose out_dir holds the run"),
+                    checkpoint: list[str] = typer.Option([], "--checkpoint", help="a model directory, repeatable, "
+                                                         "in order (default: the SFT model, then the newest RL "
+                                                         "checkpoint)"),
+                    trajectories: Optional[Path] = typer.Option(None, help="a rollout table (default: the last RL "
+                                                                           "step's scored.parquet)"),
+                    rl_seed: Optional[int] = typer.Option(None, help="with several RL seeds: which (default: lowest)"),
+                    samples: int = typer.Option(64, min=1, help="trajectories drawn from the table"),
+                    window: int = typer.Option(8, min=1, help="model tokens after a tool response counted as "
+                                                              "reflection tokens (the paper names no number)"),
+                    top_frac: float = typer.Option(0.2, min=0.01, max=0.99, help="the high-entropy set: this top "
+                                                                                 "fraction of tokens (paper: 0.2)"),
+                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Per-token entropy of the policy on the run's own trajectories, the top-entropy tokens split into forking
+    (reasoning) and reflection (right after a tool response) tokens, from the SFT model to the end of RL."""
+    env.apply()
+    _check_preset(preset, [])
+    from flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow, run_paths
+
+    try:
+        params = EntropyParams(preset=preset, run_name=run, rl_seed=rl_seed, checkpoints=checkpoint,
+                               trajectories=str(trajectories) if trajectories else None, samples=samples,
+                               window=window, top_frac=top_frac)
+        run_paths(params)  # a missing run fails here with one line, before Prefect starts
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    res = entropy_flow(params)
+    table = Table(title=escape(f"rstar2 analyze entropy '{run}': the top {top_frac:.0%} entropy tokens; forking = in "
+                               f"reasoning, reflection = first {window} tokens after a tool response ({samples} "
+                               f"trajectories of {res['trajectories']})"))
+    for col in ("checkpoint", "tokens", "class", "class tokens", "mean entropy", "share of top", "class rate in top"):
+        table.add_column(col, justify="left" if col in ("checkpoint", "class") else "right")
+    for lbl, f in res["by_checkpoint"].items():
+        for c, kind in (("reasoning", "forking"), ("reflection", "reflection")):
+            table.add_row(lbl, str(f["tokens"]), kind, str(f[c]["tokens"]), f"{f[c]['entropy_mean']:.4f}",
+                          f"{f[c]['share_of_high']:.3f}", f"{f[c]['high_rate']:.3f}")
+    console.print(table)
+    for lbl, f in res["by_checkpoint"].items():
+        for c, kind in (("reasoning", "forking"), ("reflection", "reflection")):
+            console.print(f"{lbl} {kind}: " + escape(", ".join(f"{s!r} {n}" for s, n in f[c]["top_strings"])))
+    console.print(f"plots: {', '.join(res['plots'])} (also in MLflow, run {res['mlflow_run_id']})")
+    _write_json(json_path, res)
 
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Problem data in the schema RL and "

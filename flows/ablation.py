@@ -3,9 +3,10 @@ overlong filtering, no tool); then one comparison report in MLflow: reward, pass
 trajectories and response length vs step, one line per variant (matplotlib PNGs), and a table of the figures.
 
 With `seeds` N > 1 every variant runs N RL seeds from the shared SFT model; the report gives each variant's mean,
-min, max and 95 % interval over its seeds, and each variant against the first (the baseline): the difference with its
-Welch interval and whether it is beyond the seeds' noise (rstar2.report.ablation_summary). Curves: the seeds' mean
-with a min-max band."""
+min, max and 95 % interval over its seeds (held-out pass@1, and the training figures at the end of RL: tool-error
+rate among positives, response length, ... averaged over the last `last_steps` steps), and each variant against the
+first (the baseline): the difference with its Welch interval and whether it is beyond the seeds' noise
+(rstar2.report.ablation_summary, last_steps_summary). Curves: the seeds' mean with a min-max band."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class AblationParams(BaseModel):
     name: str = "ablation"  # run directories are <name>-<variant>
     sft_checkpoint: str | None = None  # share this committed SFT model (default: the first variant trains one)
     seeds: int = Field(1, ge=1)  # RL seeds per variant
+    last_steps: int = Field(3, ge=1)  # the training figures "at the end of RL": each seed's mean over its last steps
 
 
 @flow(name="ablation", flow_run_name="{params.name}")
@@ -51,7 +53,7 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
                                     set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
                                     params={"variants": ",".join(params.variants), "preset": params.preset})
     title = f"{params.preset}: {', '.join(params.variants)}" + (f" ({params.seeds} seeds)" if params.seeds > 1 else "")
-    res = ablation_report(exp_id, run_id, str(out), results, title)
+    res = ablation_report(exp_id, run_id, str(out), results, title, params.last_steps)
     figures, per_step = {k: v for k, v in res.items() if k != "per_step"}, res["per_step"]
     cells = lambda rows: [{k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}  # noqa: E731
                           for r in rows]  # an interval as one cell
@@ -60,6 +62,9 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     if figures["comparisons"]:
         create_table_artifact(cells(figures["comparisons"]), key=f"{params.name}-vs-baseline".lower(),
                               description="each variant minus the first: Welch 95 % interval over seeds")
+    create_table_artifact(report.last_steps_rows(figures["last_steps"]), key=f"{params.name}-last-steps".lower(),
+                          description=f"training figures over the last {params.last_steps} steps: mean, min, max, "
+                                      "95 % interval over seeds")
     create_markdown_artifact(report.per_step_markdown(per_step), key=f"{params.name}-per-step".lower())
     track.end_run(run_id)
     return {**figures, "seeds": params.seeds, "per_step": per_step, "mlflow_run_id": run_id,

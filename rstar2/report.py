@@ -154,6 +154,57 @@ def ablation_summary(results: dict[str, dict]) -> dict:
     return {"variants": rows, "comparisons": comparisons}
 
 
+LAST_STEPS_FIGURES = ("tool_error_rate_pos", "response_len_mean", "reward_mean", "pass1_train", "entropy")
+
+
+def last_steps_summary(curves: dict[str, list[Curves]], last: int) -> dict:
+    """The training figures at the end of RL, per variant (`curves[variant]`: one set of curves per seed): a seed's
+    value is its mean over its last `last` logged steps (NaN points left out); over the seeds, the mean, min, max and
+    95 % interval (stats.seed_summary). Each variant against the first: the difference with its Welch interval
+    (stats.compare) and whether the two variants' own 95 % intervals are apart (do not overlap)."""
+    def per_seed(runs: list[Curves], metric: str) -> list[float]:
+        out = []
+        for r in runs:
+            vals = [v for _, v in sorted(r.get(metric, []))[-last:] if v == v]
+            if vals:
+                out.append(float(np.mean(vals)))
+        return out
+
+    r4 = lambda v: None if v is None or v != v else round(float(v), 4)  # noqa: E731 - NaN as null in the JSON
+    variants: dict[str, dict] = {}
+    for v, runs in curves.items():
+        variants[v] = {}
+        for m in LAST_STEPS_FIGURES:
+            xs = per_seed(runs, m)
+            if xs:
+                s = stats.seed_summary(xs)
+                variants[v][m] = {"mean": r4(s["mean"]), "min": r4(s["min"]), "max": r4(s["max"]),
+                                  "ci95": [r4(x) for x in s["ci95"]], "seeds": s["n"], "by_seed": [r4(x) for x in xs]}
+    (base, b), *others = variants.items()
+    vs: dict[str, dict] = {}
+    for v, figs in others:
+        vs[v] = {}
+        for m in figs.keys() & b.keys():
+            c = stats.compare(per_seed(curves[v], m), per_seed(curves[base], m))
+            (lo, hi), (blo, bhi) = figs[m]["ci95"], b[m]["ci95"]
+            vs[v][m] = {"baseline": base, "diff": r4(c["diff"]), "ci95": c["ci95"] and [r4(x) for x in c["ci95"]],
+                        "beyond_noise": c["beyond_noise"],  # one seed has no interval: never "apart"
+                        "intervals_apart": figs[m]["seeds"] > 1 and b[m]["seeds"] > 1 and bool(hi < blo or bhi < lo)}
+    return {"steps": last, "variants": variants, "vs_baseline": vs}
+
+
+def last_steps_rows(summary: dict) -> list[dict]:
+    """last_steps_summary as table rows: one per (variant, figure), the interval as text, and against the baseline."""
+    rows = []
+    for v, figs in summary["variants"].items():
+        for m, f in figs.items():
+            c = summary["vs_baseline"].get(v, {}).get(m)
+            vs = "" if c is None else f"{c['diff']:+} (intervals {'apart' if c['intervals_apart'] else 'overlap'})"
+            rows.append({"variant": v, "figure": m, "mean": f["mean"], "min": f["min"], "max": f["max"],
+                         "ci95": f"[{f['ci95'][0]}, {f['ci95'][1]}]", "seeds": f["seeds"], "vs_baseline": vs})
+    return rows
+
+
 def suite_rows(results: dict[str, dict]) -> list[dict]:
     """One row per evaluation suite: pass@1 (avg@k) and its standard error over problems, pass@k, problems, samples."""
     return [{"suite": name, **{k: r[k] for k in ("pass1", "pass1_se") if k in r},

@@ -30,6 +30,15 @@ def sft_model(run: Path, cfg: RunCfg) -> str:
     return str(run / "sft") if cfg.sft.enabled else build.uris(cfg, run / "world")["init_model"]
 
 
+def rl_start_model(run: Path, cfg: RunCfg) -> str:
+    """The model the run's RL actually started from: the one its SFT evaluation recorded (`eval/sft-<split>.json`;
+    a shared SFT model, e.g. an ablation's, lives in another run), else `sft_model`."""
+    rec = run / "eval" / f"sft-{cfg.eval.split}.json"
+    if rec.is_file():
+        return json.loads(rec.read_text())["model_dir"]
+    return sft_model(run, cfg)
+
+
 def config_of(model_dir: str | Path) -> Path | None:
     """The resolved config (`<run>/config.json`) of the run a model directory belongs to (`<run>/sft`,
     `<run>/checkpoints/<stage>/step-N`, `<run>/seed-K/checkpoints/...`), or None for a model outside a run."""

@@ -99,7 +99,7 @@ class PolicyTrainer:
         self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.device = dev.pick(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
-        model = _load_model(model_dir, self.device)
+        model = load_model(model_dir, self.device)
         if cfg.layout == "pack":
             use_varlen_attention(model)
         # KL needs a frozen reference policy: the weights this trainer started from
@@ -247,7 +247,7 @@ class PolicyTrainer:
         return meta
 
 
-def _load_model(model_dir: str, device: torch.device):
+def load_model(model_dir: str, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     # fp32 master weights; bf16 is autocast (torch backend) or DeepSpeed's own mixed precision

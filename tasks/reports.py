@@ -40,15 +40,17 @@ def campaign_report(experiment_id: str, run_id: str, run_dir: str, summary: dict
 
 @task(name="ablation-report", cache_policy=None)
 @costs.work
-def ablation_report(experiment_id: str, run_id: str, out_dir: str, results: dict[str, dict], title: str) -> dict:
+def ablation_report(experiment_id: str, run_id: str, out_dir: str, results: dict[str, dict], title: str,
+                    last_steps: int = 3) -> dict:
     """Each variant's curves over its seeds (their mean with a min-max band) as PNGs, the figures of
-    rstar2.report.ablation_summary as metrics and, with the per-step means, as ablation.json. Returns
-    {**figures, "per_step": rows}."""
+    rstar2.report.ablation_summary and of report.last_steps_summary (the training figures over the last
+    `last_steps` steps) as metrics and, with the per-step means, as ablation.json. Returns
+    {**figures, "last_steps": ..., "per_step": rows}."""
     with costs.mlflow():
         curves = {v: [tracking.stage_histories(experiment_id, seed["mlflow_run_id"], list(report.CURVES))
                       for seed in s["by_seed"]] for v, s in results.items()}  # per variant, one set per seed
     pngs = report.comparison_plots(curves, str(Path(out_dir) / "plots"), title)
-    figures = report.ablation_summary(results)
+    figures = {**report.ablation_summary(results), "last_steps": report.last_steps_summary(curves, last_steps)}
     per_step = report.per_step_rows({v: report.mean_curves(runs) for v, runs in curves.items()})
     with costs.mlflow():
         for png in pngs:
@@ -58,4 +60,7 @@ def ablation_report(experiment_id: str, run_id: str, out_dir: str, results: dict
                                       for k in ("pass1_rl", "pass1_rl_min", "pass1_rl_max", "gain")}, 0)
         tracking.log_metrics(run_id, {f"{c['variant']}_minus_{c['baseline']}": c["diff"]
                                       for c in figures["comparisons"]}, 0)
+        tracking.log_metrics(run_id, {f"{v}_last_{m}_{k}": f[k] for v, figs in figures["last_steps"]["variants"].items()
+                                      for m, f in figs.items() for k in ("mean", "min", "max")
+                                      if f[k] is not None}, 0)
     return {**figures, "per_step": per_step}

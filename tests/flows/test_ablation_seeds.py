@@ -24,7 +24,7 @@ def recorder(out, calls: list):
         for s, v in enumerate(RECORDED[cfg.ablation]):
             seed_run = tracking.create_run(exp, f"seed-{s}", parent, {"kind": "seed", "rl_seed": str(s)})
             stage_run = tracking.create_run(exp, "stage-stage1", seed_run)
-            tracking.log_metrics(stage_run, {"reward_mean": v / 2}, 1)
+            tracking.log_metrics(stage_run, {"reward_mean": v / 2, "tool_error_rate_pos": 1 - v}, 1)
             by_seed.append({"rl_seed": s, "mlflow_run_id": seed_run, "steps": 1, "pass1": v, "pass1_se": 0.02,
                             "pass_at_1": v, "pass_at_2": v + 0.1})
         calls.append(params)
@@ -51,12 +51,18 @@ def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path
     # the per-step rows are the seeds' means: reward 0.25 (roc), 0.15 (plain-grpo) at step 1
     assert {(r["variant"], r["step"], r["reward_mean"]) for r in res["per_step"]} == {("roc", 1, 0.25),
                                                                                      ("plain-grpo", 1, 0.15)}
+    # the end-of-RL figures per variant with their interval over seeds: tool-error rate 1 - pass@1 as recorded,
+    # roc 0.5 +- 0.1242 (sd 0.05), plain-grpo 0.7 +- 0.0248 (sd 0.01): the intervals are apart
+    ter = res["last_steps"]["variants"]["roc"]["tool_error_rate_pos"]
+    assert (ter["mean"], ter["min"], ter["max"], ter["ci95"]) == (0.5, 0.45, 0.55, [0.3758, 0.6242])
+    assert res["last_steps"]["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]["intervals_apart"] is True
     client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     run = client.get_run(res["mlflow_run_id"])
     assert run.data.tags["seeds"] == "3" and run.data.metrics["plain-grpo_minus_roc"] == pytest.approx(-0.2)
     assert run.data.metrics["roc_pass1_rl_min"] == pytest.approx(0.45)
     logged = json.loads(Path(client.download_artifacts(run.info.run_id, "ablation.json")).read_text())
     assert logged["comparisons"] == res["comparisons"] and logged["variants"] == res["variants"]
+    assert logged["last_steps"] == res["last_steps"] and run.data.metrics["roc_last_tool_error_rate_pos_max"] == 0.55
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} >= {"plots/reward_mean.png"}
 
 

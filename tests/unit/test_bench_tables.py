@@ -58,8 +58,11 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
     text = console.export_text()
     assert "0.400 ± 0.030" in text and "0.650" in text  # SFT's pass@1 ± se; seed 0's pass@2
     assert "0.500 [0.450, 0.550]" in text and "+0.100 [+0.050, +0.150] (-0.024, +0.224)" in text
-    res = {**report.ablation_summary({"roc": summary, "plain-grpo": summary}), "seeds": 3}
+    curves = [{"tool_error_rate_pos": [(1, 0.3), (2, v)]} for v in (0.1, 0.2, 0.3)]
+    res = {**report.ablation_summary({"roc": summary, "plain-grpo": summary}), "seeds": 3,
+           "last_steps": report.last_steps_summary({"roc": curves, "plain-grpo": curves}, 1)}
     for t in ablation_tables(res, "abl", "tiny"):
         console.print(t)
     text = console.export_text()
     assert "plain-grpo" in text and "+0.000" in text and "no" in text
+    assert "tool_error_rate_pos" in text and "[-0.0484, 0.4484]" in text  # 0.2 +- 4.302653 * 0.1 / sqrt(3) = 0.2484

@@ -74,3 +74,33 @@ def test_ablation_summary_compares_each_variant_with_the_first():
     assert plain["beyond_noise"] is False
     # no-tool - roc: -0.20, s2 = 0.0001/3 + 0.0025/3, df 2.16: the interval stays below 0
     assert no_tool["diff"] == -0.2 and no_tool["ci95"][1] < 0 and no_tool["beyond_noise"] is True
+
+
+def test_last_steps_summary_on_a_recorded_table():
+    nan = float("nan")
+
+    def seed(ter, length):  # one seed's curves over steps 1..5
+        return {"tool_error_rate_pos": list(enumerate(ter, 1)), "response_len_mean": [(s, length) for s in range(1, 6)]}
+
+    curves = {"roc": [seed([0.2, 0.1, 0.02, 0.04, 0.0], 100), seed([0.2, 0.1, 0.03, 0.03, 0.03], 102),
+                      seed([0.2, 0.1, 0.01, 0.01, 0.04], 104)],
+              "plain-grpo": [seed([0.2, 0.2, 0.12, 0.12, 0.12], 120), seed([0.2, 0.2, 0.1, 0.1, 0.1], 118),
+                             seed([0.2, 0.2, 0.11, nan, 0.11], 122)]}  # a step with no positives: NaN, left out
+    res = report.last_steps_summary(curves, last=3)
+    roc, plain = res["variants"]["roc"], res["variants"]["plain-grpo"]
+    # last 3 steps per seed: roc 0.02, 0.03, 0.02 (steps 1-2's 0.2 left out); mean 0.023333,
+    # sd sqrt((2 * 0.003333^2 + 0.006667^2) / 2) = 0.0057735, half width t(2) 4.302653 * 0.0057735 / sqrt(3) = 0.014342
+    assert roc["tool_error_rate_pos"] == {"mean": 0.0233, "min": 0.02, "max": 0.03, "ci95": [0.009, 0.0377],
+                                          "seeds": 3, "by_seed": [0.02, 0.03, 0.02]}
+    # plain-grpo 0.12, 0.10, 0.11: sd 0.01, half width 4.302653 * 0.01 / sqrt(3) = 0.024841
+    assert plain["tool_error_rate_pos"]["ci95"] == [0.0852, 0.1348]
+    assert plain["response_len_mean"]["mean"] == 120 and roc["response_len_mean"]["ci95"] == [97.0317, 106.9683]
+    assert "reward_mean" not in roc  # a figure no seed logged is left out
+    vs = res["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]
+    assert vs["baseline"] == "roc" and vs["diff"] == 0.0867 and vs["intervals_apart"] is True
+    assert vs["beyond_noise"] is True
+    one = report.last_steps_summary({"roc": curves["roc"][:1], "plain-grpo": curves["plain-grpo"][:1]}, last=3)
+    assert one["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]["intervals_apart"] is False  # no interval
+    rows = report.last_steps_rows(res)
+    assert {"variant": "plain-grpo", "figure": "tool_error_rate_pos", "mean": 0.11, "min": 0.1, "max": 0.12,
+            "ci95": "[0.0852, 0.1348]", "seeds": 3, "vs_baseline": "+0.0867 (intervals apart)"} in rows

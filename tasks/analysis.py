@@ -1,0 +1,42 @@
+"""The entropy analysis (rstar2/entropy.py) as tasks: one checkpoint's figures on a run's sampled trajectories, and
+their report in MLflow (metrics, the figures as JSON, the plots) and as a Prefect markdown artifact."""
+
+from __future__ import annotations
+
+import polars as pl
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from rstar2 import device as dev, entropy, tracking
+from rstar2.chat import load_tokenizer
+from rstar2.trainer import load_model
+from tasks import costs
+
+
+@task(name="token-entropy", cache_policy=None)
+@costs.work
+def token_entropy(model_dir: str, trajectories_uri: str, samples: int, seed: int, window: int, top_frac: float,
+                  max_tokens: int, device: str = "auto") -> dict:
+    """rstar2.entropy.analyze of `model_dir` on `samples` trajectories of the table (drawn with `seed`, so every
+    checkpoint sees the same ones)."""
+    df = pl.read_parquet(trajectories_uri)
+    rows = df.sample(n=min(samples, df.height), seed=seed).to_dicts()
+    model = load_model(model_dir, dev.pick(device))
+    return entropy.analyze(model, load_tokenizer(model_dir), rows, window, top_frac, max_tokens)
+
+
+@task(name="entropy-report", cache_policy=None)
+@costs.work
+def entropy_report(run_id: str, out_dir: str, by_checkpoint: dict[str, dict], key: str) -> list[str]:
+    """Per checkpoint (in order, MLflow step 0, 1, ...) the shares and rates as metrics; the figures as
+    entropy.json; the plots; the markdown table as a Prefect artifact keyed `key`. Returns the plots' paths."""
+    pngs = entropy.plots(by_checkpoint, out_dir)
+    with costs.mlflow():
+        for step, row in enumerate(entropy.comparison_rows(by_checkpoint)):
+            tracking.log_metrics(run_id, {k: v for k, v in row.items() if k != "checkpoint"}, step, "entropy/")
+        tracking.client().log_dict(run_id, by_checkpoint, "entropy.json")
+        for png in pngs:
+            tracking.client().log_artifact(run_id, png, "entropy")
+    create_markdown_artifact(entropy.markdown(by_checkpoint), key=key,
+                             description="top-entropy tokens: forking (reasoning) vs reflection (after tool output)")
+    return pngs
