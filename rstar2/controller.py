@@ -45,6 +45,7 @@ class Controller:
         self.trainer = None  # a PolicyTrainer actor, or a TrainerGroup fronting one rank per GPU
         self.estimator: LengthEstimator | None = None
         self.loaded: str | None = None  # the weights every engine holds now
+        self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
 
     def identity(self) -> dict:
@@ -63,6 +64,7 @@ class Controller:
         refused here, before any actor starts (rstar2.chat.ChatTemplateError)."""
         ChatFormat.load(model_dir)
         cluster.init()
+        self.weight_sync = cfg.trainer.weight_sync
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
         if not self.engines:
             self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i) for i, n in enumerate(engine_names)]
@@ -109,6 +111,19 @@ class Controller:
             ray.get([e.load_weights.remote(model_dir) for e in self.engines])
             self.loaded = model_dir
         return model_dir
+
+    def sync_trained(self, ckpt_dir: str) -> str:
+        """After `save(ckpt_dir)`: every engine takes the trainer's new weights, read back from `ckpt_dir`
+        (trainer.weight_sync=disk: engines and trainer must share a filesystem) or sent from memory: rank 0's
+        gathered state dict goes once into Ray's object store and each engine's reload reads it from there (zero-copy
+        on the trainer's node), so no file is read on the way. On GPUs the same path stages through host memory; a
+        NCCL collective group from rank 0 into the engines is not built yet."""
+        if self.weight_sync == "disk":
+            return self.sync_weights(ckpt_dir)
+        weights = self.trainer.full_state_dict.remote()
+        ray.get([e.load_weights.remote(weights, ckpt_dir) for e in self.engines])
+        self.loaded = ckpt_dir
+        return ckpt_dir
 
     # --- trainer
 
@@ -159,8 +174,9 @@ def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int):
 def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str):
     # world_size > 1: a coordinator actor (no GPU) fronting one DeepSpeed rank actor per GPU
     cls, gpus = (TrainerGroup, 0) if cfg.trainer.world_size > 1 else (PolicyTrainer, _gpus(cfg))
+    group = {"gpus_per_rank": _gpus(cfg)} if cls is TrainerGroup else {}  # CPU-only machine: rank processes, no GPU
     return ray.remote(num_cpus=0, num_gpus=gpus)(cls).options(name=name).remote(model_dir, cfg.trainer, cfg.rl_seed,
-                                                                                os.cpu_count())
+                                                                                os.cpu_count(), **group)
 
 
 def _gpus(cfg: RunCfg) -> int:
