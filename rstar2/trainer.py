@@ -1,5 +1,6 @@
 """The policy trainer: GRPO-RoC updates (rstar2/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/controller.py):
-one for the plain-torch backend (CPU or one GPU), one per GPU rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py).
+one for the plain-torch backend (CPU or one GPU), one per rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py; a
+rank per GPU, or CPU rank processes: rstar2/deepspeed_backend.py).
 
 One RL step (paper §2.2.3; implementation notes §3, §12.4):
   1. advantages per prompt over the kept rollouts (Eq. 7);
@@ -16,7 +17,8 @@ pass computes them before the first step. "engine": the rollout engine's samplin
 pass). `tis_cap` adds truncated importance sampling, min(π_old/π_engine, C) per token, on top of "recompute".
 
 Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
-checkpoint directory; `load_state` of it followed by one more update reproduces the uninterrupted run bit for bit (CPU).
+checkpoint directory (each rank's RNGs in its own file); `load_state` of it followed by one more update reproduces the
+uninterrupted run bit for bit (CPU; 1 rank or N DeepSpeed ranks, tests/engine/test_zero_ranks.py).
 """
 
 from __future__ import annotations
