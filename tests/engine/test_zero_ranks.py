@@ -83,3 +83,14 @@ def test_two_ranks_match_one_and_resume_bit_identical(tiny_model, ray_up, tmp_pa
     stop(b)
     for k in uninterrupted:
         assert torch.equal(resumed[k], uninterrupted[k]), k
+
+
+def test_zero3_builds_the_model_partitioned(tiny_model, monkeypatch):
+    """Under ZeRO-3 the model is created inside deepspeed.zero.Init (no full fp32 copy per rank first)."""
+    import deepspeed
+
+    entered = []
+    real = deepspeed.zero.Init.__enter__
+    monkeypatch.setattr(deepspeed.zero.Init, "__enter__", lambda self: entered.append(1) or real(self))
+    tr = PolicyTrainer(tiny_model, cfg(backend="deepspeed", zero_stage=3), seed=0)
+    assert entered and all(hasattr(p, "ds_id") for p in tr.model.parameters())
