@@ -516,6 +516,7 @@ def import_table(rep, out: str, n_suites: int) -> Table:
 
 
 from bench import sandbox as bench_sandbox  # noqa: E402
+from bench import sync as bench_sync  # noqa: E402
 from cli.sandbox import app as sandbox_app  # noqa: E402
 
 app.add_typer(sandbox_app, name="sandbox")
@@ -531,6 +532,7 @@ def _bench_env() -> None:
 
 
 bench_app.command("sandbox")(bench_sandbox.main)
+bench_app.command("sync")(bench_sync.command)
 bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
 
 

@@ -140,7 +140,9 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
     if not checkpoint.is_committed(Path(model_dir)):
         raise ValueError(f"{model_dir} is not a committed checkpoint; nothing to evaluate")
     world_dir = run / "world" if (run / "world").exists() else run.parent / "world"  # a seed directory's is above it
-    with run_context(cfg, run, f"{run.name}-eval", {"kind": "campaign", "preset": cfg.name}, world_dir) as ctx:
+    # held: the campaign's checkpoint.keep_last pruning leaves it alone while it is evaluated
+    with checkpoint.hold(Path(model_dir)), run_context(cfg, run, f"{run.name}-eval",
+                                                       {"kind": "campaign", "preset": cfg.name}, world_dir) as ctx:
         rl.start_actors(ctx.ctl, cfg, model_dir, with_trainer=False)
         step = checkpoint.manifest(Path(model_dir)).get("global_step", 0)
         return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,

@@ -32,7 +32,8 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Cont
     meta = {"run": Path(run_dir).name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
     ckpt = rl.checkpoint(ctl, update, batch, sandbox, str(Path(run_dir) / "checkpoints" / stage.name /
-                                                          f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id)
+                                                          f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id,
+                         cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
     metrics = {**{k: v for k, v in rolled.items() if k != "uri"}, **batch, **sandbox,
                **{k: v for k, v in kept.items() if k != "uri"}, **update}

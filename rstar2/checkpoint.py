@@ -5,6 +5,7 @@ leaves either the previous checkpoint or a `.tmp-*` directory that nothing mista
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -102,3 +103,34 @@ def latest(root: Path, prefix: str = "step-") -> Path | None:
     """The newest committed checkpoint under `root` (by step number in the name), or None."""
     found = committed(root, prefix)
     return found[-1] if found else None
+
+
+HOLDS = ".holds"
+
+
+@contextlib.contextmanager
+def hold(ckpt_dir: Path):
+    """While inside, `prune` leaves `ckpt_dir` alone (an evaluation reading it). A marker file beside the
+    checkpoints, one per holder; a holder killed without cleanup leaves its marker, which errs on keeping."""
+    ckpt_dir = Path(ckpt_dir)
+    marker = ckpt_dir.parent / HOLDS / f"{ckpt_dir.name}.{os.getpid()}-{time.time_ns()}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    try:
+        yield ckpt_dir
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def prune(root: Path, keep_last: int | None, prefix: str = "step-") -> list[Path]:
+    """Delete the committed checkpoints under `root` older than its newest `keep_last`, except held ones (`hold`);
+    returns what was deleted. Uncommitted `.tmp-*` directories are not touched (a commit may be writing one)."""
+    if not keep_last:
+        return []
+    holds = Path(root) / HOLDS
+    held = {p.name.rsplit(".", 1)[0] for p in holds.iterdir()} if holds.is_dir() else set()
+    old = [d for d in committed(root, prefix)[:-keep_last] if d.name not in held]
+    for d in old:
+        (d / MARKER).unlink()  # first: a crash mid-delete leaves a directory nothing takes for a checkpoint
+        shutil.rmtree(d)
+    return old

@@ -122,8 +122,11 @@ class TrainerCfg(_Cfg):
     device: str = "auto"
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: Literal[2, 3] = 2
-    world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each); > 1 needs backend=deepspeed
-    gradient_checkpointing: bool = False  # recompute each layer's activations in backward (keeps only its input)
+    world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each; CPU processes without GPUs); > 1 needs deepspeed
+    gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~1/3 more compute
+    # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
+    # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store
+    weight_sync: Literal["disk", "memory"] = "disk"
 
     @property
     def engine_logprobs(self) -> bool:
@@ -135,9 +138,19 @@ class TrainerCfg(_Cfg):
     def _check(self) -> "TrainerCfg":
         if self.world_size > 1 and self.backend != "deepspeed":
             raise ValueError("trainer.world_size > 1 needs trainer.backend=deepspeed (the torch backend is one process)")
+        if self.kl_coef and self.backend == "deepspeed" and self.zero_stage == 3:
+            raise ValueError("trainer.kl_coef > 0 keeps a full reference model per rank, which ZeRO-3 cannot "
+                             "partition: use zero_stage 2 or kl_coef 0")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError(f"trainer.tis_cap must be >= 1 (a cap on an importance weight), got {self.tis_cap}")
         return self
+
+
+class CheckpointCfg(_Cfg):
+    """RL checkpoints (rstar2/checkpoint.py): one committed directory per step."""
+    # after each commit, delete a stage's older committed checkpoints beyond the newest keep_last (None: keep all);
+    # never the newest, nor one a stage transition or an evaluation still holds (rstar2.checkpoint.prune)
+    keep_last: int | None = Field(None, ge=1)
 
 
 class EngineCfg(_Cfg):
@@ -268,6 +281,7 @@ class RunCfg(_Cfg):
     trainer: TrainerCfg = Field(default_factory=TrainerCfg)
     engine: EngineCfg = Field(default_factory=EngineCfg)
     placement: PlacementCfg = Field(default_factory=PlacementCfg)
+    checkpoint: CheckpointCfg = Field(default_factory=CheckpointCfg)
     scheduler: SchedulerCfg = Field(default_factory=SchedulerCfg)
     stages: list[StageCfg] = Field(default_factory=list)
     eval: EvalCfg = Field(default_factory=EvalCfg)

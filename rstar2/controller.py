@@ -47,6 +47,7 @@ class Controller:
         self.trainer = None  # a PolicyTrainer actor, or a TrainerGroup fronting one rank per GPU
         self.estimator: LengthEstimator | None = None
         self.loaded: str | None = None  # the weights every engine holds now
+        self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
@@ -76,6 +77,7 @@ class Controller:
             self.colocate = cfg.placement.colocate
         if with_trainer:
             self.placement.add_trainer(cfg, self.run_id)
+        self.weight_sync = cfg.trainer.weight_sync
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
         if not self.engines:
             self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
@@ -126,6 +128,19 @@ class Controller:
             ray.get([e.load_weights.remote(model_dir) for e in self.engines])
             self.loaded = model_dir
         return model_dir
+
+    def sync_trained(self, ckpt_dir: str) -> str:
+        """After `save(ckpt_dir)`: every engine takes the trainer's new weights, read back from `ckpt_dir`
+        (trainer.weight_sync=disk: engines and trainer must share a filesystem) or sent from memory: rank 0's
+        gathered state dict goes once into Ray's object store and each engine's reload reads it from there (zero-copy
+        on the trainer's node), so no file is read on the way. On GPUs the same path stages through host memory; a
+        NCCL collective group from rank 0 into the engines is not built yet."""
+        if self.weight_sync == "disk":
+            return self.sync_weights(ckpt_dir)
+        weights = self.trainer.full_state_dict.remote()
+        ray.get([e.load_weights.remote(weights, ckpt_dir) for e in self.engines])
+        self.loaded = ckpt_dir
+        return ckpt_dir
 
     # --- trainer
 
@@ -187,7 +202,8 @@ def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str, place: placement.Plac
         return ray.remote(PolicyTrainer).options(name=name, **place.rank_options(0)).remote(*args)
     # a coordinator actor (no GPU, outside the groups) fronting one DeepSpeed rank actor per trainer bundle
     ranks = [place.rank_options(r) for r in range(cfg.trainer.world_size)]
-    return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(*args, rank_options=ranks)
+    return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(
+        *args, gpus_per_rank=1.0 if _on_gpus(cfg) else 0.0, rank_options=ranks)  # CPU ranks split the cores
 
 
 def _on_gpus(cfg: RunCfg) -> bool:

@@ -1,11 +1,19 @@
-"""DeepSpeed ZeRO-2/3 backend of rstar2.trainer: one process per GPU rank (Ray actors, rstar2/trainer_group.py).
+"""DeepSpeed ZeRO-2/3 backend of rstar2.trainer: one process per rank (Ray actors, rstar2/trainer_group.py).
+
+Where it runs. On GPUs: one rank per GPU, NCCL. On a CPU-only machine (CI, this project's laptops) the same code runs
+as N rank processes on DeepSpeed's own CPU accelerator (picked automatically when no GPU is visible) with the gloo
+process group it falls back to without oneCCL: gloo is in every torch build, needs nothing installed, and ZeRO's
+reduce-scatter / all-gather run on it unchanged, so the ZeRO-2/3 partitioning tested on CPU is the one a GPU run uses.
+The first start JIT-compiles DeepSpeed's shared-memory comm op (about a minute, cached in TORCH_EXTENSIONS_DIR).
 
 deepspeed is optional (`pip install .[cuda]`); without it, asking for this backend raises one clear error. The trainer
 keeps the micro-batch loop, so DeepSpeed runs with `managed_gradient_accumulation: false`: backward() only
 accumulates, step() reduces across ranks, clips and updates (a variable number of micro-batches per step is fine).
 The torch AdamW and the warm-up schedule come from rstar2/optim.py, as the torch backend's do; DeepSpeed's bf16
-mode keeps fp32 master weights in the optimizer. Checkpoints: DeepSpeed's own sharded state (every rank writes its part) plus HF
-weights gathered on rank 0 for the engines.
+mode keeps fp32 master weights in the optimizer. Under ZeRO-3 the model is built inside `deepspeed.zero.Init`
+(transformers' HfDeepSpeedConfig route): each rank holds only its partition from the start, never a full fp32 copy.
+Checkpoints: DeepSpeed's own sharded state (every rank writes its part) plus HF weights gathered on rank 0 for the
+engines; `full_state_dict` is the same gather, for the in-memory weight sync.
 """
 
 from __future__ import annotations
@@ -49,15 +57,30 @@ def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
     }
 
 
+def init_distributed(rank: int, world: int, master: tuple[str, int] | None) -> None:
+    """Join the ranks' process group (before the model is built: ZeRO-3 partitions it as it is created)."""
+    ds = import_deepspeed()
+    addr, port = master or ("127.0.0.1", free_port())
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK="0")  # under Ray every rank sees its own GPU as device 0
+    ds.init_distributed(rank=rank, world_size=world, verbose=False)
+
+
+def zero3_model_config(cfg: TrainerCfg, device: torch.device):
+    """Under ZeRO-3, the handle that makes transformers' from_pretrained build the model inside `deepspeed.zero.Init`
+    and load the weights straight into the partitions (None otherwise). Transformers finds it through a weak
+    reference: keep it alive as long as the model (DeepSpeedBackend holds it)."""
+    if cfg.zero_stage != 3:
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(ds_config(cfg, device))
+
+
 class DeepSpeedBackend:
-    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, world: int,
-                 master: tuple[str, int] | None):
+    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, hf_config=None):
         ds = import_deepspeed()
-        self.ds, self.cfg, self.rank = ds, cfg, rank
-        addr, port = master or ("127.0.0.1", free_port())
-        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK="0")  # under Ray every rank sees its own GPU as device 0
-        ds.init_distributed(rank=rank, world_size=world, verbose=False)
+        self.ds, self.cfg, self.rank, self._hf_config = ds, cfg, rank, hf_config
         self._warmup = lr_lambda(cfg)
         self.engine, self.opt, _, self.sched = ds.initialize(
             model=model, optimizer=adamw(model.parameters(), cfg, device),
@@ -72,6 +95,12 @@ class DeepSpeedBackend:
         base = self.engine.basic_optimizer  # the torch AdamW under ZeRO's wrapper
         base.state.clear()  # Adam moments and step counts are re-created on the next step
         self.sched = self.engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(base, self._warmup)
+
+    def forward_starts(self) -> None:
+        """What `engine.forward` does first, for the trainer's forward that calls the module's parts directly (the
+        LM head on loss tokens only): ZeRO closes the previous backward, so the next one accumulates into its
+        gradients instead of overwriting them (measured: without it ZeRO-3 kept only the last micro-batch's)."""
+        self.engine.optimizer.clear_backward_seen_flag()
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -93,13 +122,20 @@ class DeepSpeedBackend:
         if path is None:
             raise FileNotFoundError(f"{ckpt_dir}: no DeepSpeed state (was it written by the torch backend?)")
 
-    def write(self, tmp: Path, rank: int) -> None:
-        """Collective: every rank writes its shard; rank 0 also writes HF weights (gathered under ZeRO-3)."""
-        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective (every rank calls it): the whole model's weights on CPU, on rank 0; None on the others.
+        Under ZeRO-3 each parameter is all-gathered from its partitions."""
         params = list(self.module.parameters())
         gather = self.ds.zero.GatheredParameters(params, modifier_rank=None) if self.cfg.zero_stage == 3 else \
             contextlib.nullcontext()
         with gather:
-            if rank == 0:
-                sd = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
-                self.module.save_pretrained(str(tmp), state_dict=sd, safe_serialization=True)
+            if self.rank != 0:
+                return None
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def write(self, tmp: Path, rank: int) -> None:
+        """Collective: every rank writes its shard; rank 0 also writes HF weights (gathered under ZeRO-3)."""
+        self.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+        sd = self.full_state_dict()
+        if sd is not None:
+            self.module.save_pretrained(str(tmp), state_dict=sd, safe_serialization=True)

@@ -13,7 +13,8 @@ config vLLM sized (`num_gpu_blocks x block_size`); usage and preemptions come th
 (`StatLoggerBase.record`: `SchedulerStats.kv_cache_usage`, `IterationStats.num_preempted_reqs`), which vLLM calls
 every step when stats are on.
 
-Weights are reloaded in place from a checkpoint directory with vLLM's `reload_weights` (no engine restart), the CPU
+Weights are reloaded in place with vLLM's `reload_weights` (no engine restart), from a checkpoint directory or from a
+state dict in memory (the trainer's gathered weights, through Ray's object store: no disk on the way), the CPU
 LM head is repacked, and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests
 arriving meanwhile are held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload
 comes between steps, so there are none), then the reload runs and the held requests are admitted. Draining rather
@@ -45,6 +46,8 @@ from rstar2.chat import ChatFormat
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
 # log-prob of each new token when the request asked for them, else None)
 TurnOut = tuple[list[int], str, dict, list[float] | None]
+# new weights: a checkpoint directory (safetensors), or a state dict in memory (HF parameter names -> CPU tensors)
+Weights = str | dict[str, Any]
 
 
 @dataclass
@@ -73,7 +76,7 @@ class Backend(Protocol):
         """One engine iteration; the requests that finished in it: (request id, new token ids, finish reason, the
         sampled tokens' log-probs or None when the request did not ask for them)."""
 
-    def reload(self, model_dir: str) -> None: ...
+    def reload(self, weights: Weights) -> None: ...
 
     def reset_cache(self) -> None:
         """Drop the prefix cache (no request running)."""
@@ -156,8 +159,8 @@ class EngineLoop:
             chain_on(i, 0, f, [])
         return outs
 
-    def reload(self, model_dir: str) -> Future:
-        return self._when_drained(lambda: self.backend.reload(model_dir))
+    def reload(self, weights: Weights) -> Future:
+        return self._when_drained(lambda: self.backend.reload(weights))
 
     def reset_cache(self) -> Future:
         """Empty the prefix cache once in-flight requests are done (a benchmark's runs start cold, as an RL step's
@@ -295,8 +298,11 @@ class _VLLMBackend:
         return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop",
                  _sampled_logprobs(o.outputs[0].logprobs)) for o in self.engine.step() if o.finished]
 
-    def reload(self, model_dir: str) -> None:
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+    def reload(self, weights: Weights) -> None:
+        # a state dict goes in as (name, tensor) pairs: possible because the engine runs in this process (an engine
+        # core in another process would get them msgpack-serialised into lists)
+        src = {"weights_path": weights} if isinstance(weights, str) else {"weights_iterator": list(weights.items())}
+        self.engine.collective_rpc("reload_weights", kwargs=src)
         self.engine.collective_rpc(_repack_cpu_lm_head)
         self.engine.reset_prefix_cache()
 
@@ -376,10 +382,11 @@ class VLLMEngine:
         """Every chain's turns, each the moment the one before it finishes (EngineLoop.submit_chains)."""
         return [f.result() for f in self.loop.submit_chains(chains, temperature, top_p)]
 
-    def load_weights(self, model_dir: str) -> float:
-        """Reload weights in place from a checkpoint directory (safetensors); returns seconds taken."""
-        took = self.loop.reload(model_dir).result()
-        self.weights_version = model_dir
+    def load_weights(self, weights: Weights, version: str | None = None) -> float:
+        """Reload weights in place from a checkpoint directory (safetensors) or a state dict (name -> tensor, HF
+        names); `version` names what it holds now (default: the directory). Returns seconds taken."""
+        took = self.loop.reload(weights).result()
+        self.weights_version = version or (weights if isinstance(weights, str) else "memory")
         return took
 
     def reset_cache(self) -> float:
@@ -477,9 +484,9 @@ class EngineActor(VLLMEngine):
     async def replay(self, chains, temperature=1.0, top_p=1.0):  # noqa: D102 - as VLLMEngine.replay
         return await asyncio.gather(*map(asyncio.wrap_future, self.loop.submit_chains(chains, temperature, top_p)))
 
-    async def load_weights(self, model_dir: str) -> float:  # noqa: D102
-        took = await asyncio.wrap_future(self.loop.reload(model_dir))
-        self.weights_version = model_dir
+    async def load_weights(self, weights: Weights, version: str | None = None) -> float:  # noqa: D102
+        took = await asyncio.wrap_future(self.loop.reload(weights))
+        self.weights_version = version or (weights if isinstance(weights, str) else "memory")
         return took
 
     async def reset_cache(self) -> float:  # noqa: D102

@@ -1,5 +1,6 @@
 """The policy trainer: GRPO-RoC updates (rstar2/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/controller.py):
-one for the plain-torch backend (CPU or one GPU), one per GPU rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py).
+one for the plain-torch backend (CPU or one GPU), one per rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py; a
+rank per GPU, or CPU rank processes: rstar2/deepspeed_backend.py).
 
 One RL step (paper §2.2.3; implementation notes §3, §12.4):
   1. advantages per prompt over the kept rollouts (Eq. 7);
@@ -16,7 +17,8 @@ pass computes them before the first step. "engine": the rollout engine's samplin
 pass). `tis_cap` adds truncated importance sampling, min(π_old/π_engine, C) per token, on top of "recompute".
 
 Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
-checkpoint directory; `load_state` of it followed by one more update reproduces the uninterrupted run bit for bit (CPU).
+checkpoint directory (each rank's RNGs in its own file); `load_state` of it followed by one more update reproduces the
+uninterrupted run bit for bit (CPU; 1 rank or N DeepSpeed ranks, tests/engine/test_zero_ranks.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class TorchBackend:
     def reset_optimizer(self) -> None:
         self.opt = adamw(self.module.parameters(), self.cfg, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg))
+
+    def forward_starts(self) -> None:
+        pass
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -99,19 +104,18 @@ class PolicyTrainer:
         self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.device = dev.pick(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
-        model = load_model(model_dir, self.device)
-        if cfg.layout == "pack":
-            use_varlen_attention(model)
-        # KL needs a frozen reference policy: the weights this trainer started from
-        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
         if cfg.backend == "deepspeed":
-            from rstar2.deepspeed_backend import DeepSpeedBackend
+            from rstar2 import deepspeed_backend as dsb
 
-            self.backend = DeepSpeedBackend(model, cfg, self.device, rank, world_size, master)
-        else:
-            if world_size != 1:
-                raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
-            self.backend = TorchBackend(model, cfg, self.device)
+            dsb.init_distributed(rank, world_size, master)
+            hf_config = dsb.zero3_model_config(cfg, self.device)  # ZeRO-3: the model is built partitioned (zero.Init)
+        elif world_size != 1:
+            raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
+        model = load_model(model_dir, self.device, cfg)
+        # KL needs a frozen reference policy: the weights this trainer started from (not under ZeRO-3: see config)
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
+        self.backend = dsb.DeepSpeedBackend(model, cfg, self.device, rank, hf_config) if cfg.backend == "deepspeed" \
+            else TorchBackend(model, cfg, self.device)
         self.rng = random.Random(seed)  # mini-batch shuffles: identical on every rank
         self.step = 0  # optimizer steps taken
 
@@ -154,6 +158,7 @@ class PolicyTrainer:
                 mb = self._collate(b, idx)
                 acc.fed += mb.fed_tokens
                 acc.real += mb.real_tokens
+                self.backend.forward_starts()
                 loss, st, n_mb = self._micro_loss(b, mb.to(self.device), n_tok, n_seq)
                 self.backend.backward(loss * weight)
                 acc.add(loss, st, n_mb, n_tok, weight > 0)
@@ -220,13 +225,21 @@ class PolicyTrainer:
         return old
 
     # ------------------------------------------------------------------ checkpoints
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The current weights for the engines' in-memory sync, on CPU (rank 0; None on other ranks). Collective
+        under DeepSpeed: every rank calls it."""
+        if isinstance(self.backend, TorchBackend):
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return self.backend.full_state_dict()
+
     def write_state(self, tmp: str, meta: dict) -> None:
         """Write this rank's part of a checkpoint into `tmp` (the caller commits the directory)."""
         tmp = Path(tmp)
         self.backend.write(tmp, self.rank)
+        torch.save(_rng_state(), tmp / f"rng-rank{self.rank}.pt")  # each rank's own RNGs (they may differ)
         if self.rank == 0:
             self.tokenizer.save_pretrained(str(tmp))
-            state = {"backend": self.backend.state_dict(), "rng": _rng_state(), "trainer_rng": self.rng.getstate(),
+            state = {"backend": self.backend.state_dict(), "trainer_rng": self.rng.getstate(),
                      "step": self.step, "meta": meta}
             torch.save(state, tmp / STATE_FILE)
 
@@ -241,17 +254,22 @@ class PolicyTrainer:
         meta = checkpoint.manifest(Path(ckpt_dir))  # refuses an uncommitted directory
         state = torch.load(Path(ckpt_dir) / STATE_FILE, weights_only=False)
         self.backend.load_state_dict(state["backend"], Path(ckpt_dir))
-        _set_rng_state(state["rng"])
+        _set_rng_state(torch.load(Path(ckpt_dir) / f"rng-rank{self.rank}.pt", weights_only=False))
         self.rng.setstate(state["trainer_rng"])
         self.step = state["step"]
         return meta
 
 
-def load_model(model_dir: str, device: torch.device):
+def load_model(model_dir: str, device: torch.device, cfg: TrainerCfg | None = None):
     from transformers import AutoModelForCausalLM
 
     # fp32 master weights; bf16 is autocast (torch backend) or DeepSpeed's own mixed precision
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    if cfg and cfg.gradient_checkpointing:  # recompute each layer's activations in backward: memory for ~1/3 more compute
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg and cfg.layout == "pack":
+        use_varlen_attention(model)
+    return model
 
 
 def _rng_state() -> dict:

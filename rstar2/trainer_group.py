@@ -1,5 +1,5 @@
-"""Data-parallel training as Ray actors: `TrainerGroup` fronts `world_size` PolicyTrainer ranks (one GPU each,
-DeepSpeed ZeRO-2/3) behind PolicyTrainer's own interface (update, save, load_state, reset_optimizer), so the flow's
+"""Data-parallel training as Ray actors: `TrainerGroup` fronts `world_size` PolicyTrainer ranks (one GPU each, or
+CPU processes sharing the machine's cores when there is no GPU; DeepSpeed ZeRO-2/3) behind PolicyTrainer's own interface (update, save, load_state, reset_optimizer), so the flow's
 tasks call one named actor whatever the backend. Every rank reads the whole batch and trains on its token-balanced
 share (rstar2.batching.shard); checkpoints need a filesystem every rank can write (one node, or shared storage).
 """
@@ -63,6 +63,8 @@ class TrainerGroup:
         slot = ray.remote(num_gpus=gpus_per_rank, num_cpus=0)(_Rank)
         self.ranks = [slot.options(**opts).remote() for opts in rank_options or [{}] * cfg.world_size]
         master = ray.get(self.ranks[0].address.remote())
+        if threads and not gpus_per_rank:  # CPU ranks share the cores: one rank's threads each, not all of them
+            threads = max(1, threads // cfg.world_size)
         ray.get([r.start.remote(model_dir, cfg, seed, threads, rank=i, world_size=cfg.world_size, master=master)
                  for i, r in enumerate(self.ranks)])
 
@@ -78,6 +80,10 @@ class TrainerGroup:
     def save(self, ckpt_dir: str, meta: dict) -> str:
         full = {"optimizer_step": ray.get(self.ranks[0].attr.remote("step")), **meta}
         return str(checkpoint.commit(Path(ckpt_dir), lambda tmp: self._all("write_state", str(tmp), full), full))
+
+    def full_state_dict(self) -> dict:
+        """Rank 0's gathered weights (every rank takes part in the gather)."""
+        return self._all("full_state_dict")[0]
 
     def load_state(self, ckpt_dir: str) -> dict:
         return self._all("load_state", ckpt_dir)[0]

@@ -101,13 +101,15 @@ def grpo_update(ctl: Controller, roc: dict) -> dict:
 @task(name="checkpoint", cache_policy=None)
 @costs.work
 def checkpoint(ctl: Controller, update: dict, batch: dict, sandbox: dict, ckpt_dir: str, meta: dict,
-               experiment_id: str, mlflow_run_id: str) -> str:
+               experiment_id: str, mlflow_run_id: str, keep_last: int | None = None) -> str:
     """Commit the trainer state atomically (the step's metrics sealed in its manifest), load the new weights into
-    every engine in place, record the checkpoint as an MLflow LoggedModel and announce it (evaluation deployments
-    trigger on the event)."""
+    every engine in place (from the checkpoint or from the trainer's memory), delete the stage's checkpoints older
+    than the newest `keep_last` (checkpoint.keep_last), record the checkpoint as an MLflow LoggedModel and announce
+    it (evaluation deployments trigger on the event)."""
     meta = {**meta, "metrics": {**batch, **sandbox, **update}}
     path = ctl.save(ckpt_dir, meta)
-    ctl.sync_weights(path)
+    ctl.sync_trained(path)
+    ckpt.prune(Path(path).parent, keep_last)  # after the commit: the newest is never among the deleted
     with costs.mlflow():
         model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, path,
                                              {k: v for k, v in meta.items() if k != "metrics"})

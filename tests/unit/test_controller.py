@@ -26,8 +26,8 @@ class FakeEngine:
     def info(self):
         return {"kv_capacity_tokens": 4096, "block_size": 16}
 
-    def load_weights(self, model_dir):
-        self.loads.append(model_dir)
+    def load_weights(self, weights, version=None):
+        self.loads.append(weights if version is None else (weights, version))
 
 
 class FakeTrainer:
@@ -46,6 +46,9 @@ class FakeTrainer:
 
     def reset_optimizer(self):
         self.resets += 1
+
+    def full_state_dict(self):
+        return {"w": self.model_dir}
 
 
 class Handle:
@@ -148,6 +151,15 @@ def test_sync_weights_reaches_every_engine_once_per_model(fake_ray):
     ctl.sync_weights("/m/step-1")
     ctl.sync_weights("/m/step-2")
     assert [h.obj.loads for h in ctl.engines] == [["/m/step-1", "/m/step-2"]] * 2
+
+
+@pytest.mark.parametrize("mode", ["disk", "memory"])
+def test_sync_trained_by_weight_sync_mode(fake_ray, mode):
+    ctl = Controller("run")
+    ctl.start(_cfg().model_copy(update={"trainer": config.TrainerCfg(weight_sync=mode)}), "/m/sft")
+    ctl.sync_trained("/c/step-1")
+    want = "/c/step-1" if mode == "disk" else ({"w": "/m/sft"}, "/c/step-1")  # the trainer's weights, named by step
+    assert [h.obj.loads for h in ctl.engines] == [[want]] * 2 and ctl.loaded == "/c/step-1"
 
 
 def test_the_trainer_calls_go_to_the_trainer(fake_ray):

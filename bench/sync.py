@@ -1,0 +1,120 @@
+"""`rstar2 bench sync`: how long new weights take to reach a live vLLM engine, by trainer.weight_sync path.
+
+For random Qwen2 models of three sizes (the tiny world's tokenizer and chat template; layers widened), one engine
+runs as a Ray actor (as in a run) and the bench process plays the trainer holding the updated state dict:
+  disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.checkpoint),
+          then the engine reloads it from the directory;
+  memory: the state dict goes once into Ray's object store and the engine reloads from it (no file).
+Each figure is the median of `repeats` syncs of freshly perturbed weights.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+SRC = Path(__file__).parent / "data" / "trainer"  # config and tokenizer of the tiny world
+SIZES = {  # name: (hidden, layers, ffn, heads, kv heads)
+    "3M": (256, 4, 704, 4, 2),
+    "25M": (512, 8, 1536, 8, 4),
+    "100M": (768, 12, 3072, 12, 4),
+}
+
+
+def random_model(out: Path, hidden: int, layers: int, ffn: int, heads: int, kv: int) -> int:
+    """A random-init model directory vLLM can serve; returns its parameter count."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from rstar2.world.tokenizer import CHAT_TEMPLATE
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(SRC)
+    cfg.update(dict(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=ffn, num_attention_heads=heads,
+                    num_key_value_heads=kv, layer_types=["full_attention"] * layers))
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(out, safe_serialization=True)
+    tok = PreTrainedTokenizerFast.from_pretrained(SRC)
+    tok.chat_template = CHAT_TEMPLATE  # the world's tool-calling template (the engine checks it runs the agent loop)
+    tok.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def measure(model_dir: Path, work: Path, repeats: int) -> dict:
+    import ray
+    import torch
+    from safetensors.torch import load_file
+
+    from rstar2 import checkpoint
+    from rstar2.engine import EngineActor, EngineSpec
+
+    spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20)
+    engine = ray.remote(num_cpus=0)(EngineActor).remote(spec)
+    ray.get(engine.info.remote())
+    base = load_file(str(model_dir / "model.safetensors"))
+    times: dict[str, list[float]] = {"disk_write_s": [], "disk_reload_s": [], "disk_s": [], "memory_s": []}
+    try:
+        for i in range(repeats):
+            sd = {k: v + 1e-3 * torch.randn_like(v) for k, v in base.items()}  # a trainer's new weights
+            t0 = time.perf_counter()
+            ckpt = checkpoint.commit(work / f"step-{i}", lambda d: _write(d, sd, model_dir), {"step": i})
+            t1 = time.perf_counter()
+            ray.get(engine.load_weights.remote(str(ckpt)))
+            t2 = time.perf_counter()
+            ray.get(engine.load_weights.remote(ray.put(sd), f"memory-{i}"))
+            t3 = time.perf_counter()
+            for k, v in (("disk_write_s", t1 - t0), ("disk_reload_s", t2 - t1), ("disk_s", t2 - t0),
+                         ("memory_s", t3 - t2)):
+                times[k].append(v)
+    finally:
+        ray.kill(engine)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _write(d: Path, sd: dict, model_dir: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+    (d / "config.json").write_text((model_dir / "config.json").read_text())
+
+
+def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run, comma-separated"),
+            repeats: int = typer.Option(3, help="syncs per size and path (the median is reported)"),
+            json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """Weight sync into a live vLLM engine: disk (commit + reload) vs memory (Ray object store), three model sizes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rstar2 import cluster
+
+    console = Console()
+    names = [s.strip() for s in sizes.split(",") if s.strip()]
+    bad = [s for s in names if s not in SIZES]
+    if bad:
+        console.print(f"[red]error:[/red] unknown --sizes {bad}; known: {', '.join(SIZES)}")
+        raise typer.Exit(2)
+    cluster.init()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
+        for name in names:
+            d = Path(tmp) / name
+            d.mkdir()
+            n = random_model(d / "model", *SIZES[name])
+            rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **measure(d / "model", d, repeats)})
+            console.print(f"{name}: done")
+    table = Table(title="weight sync into one vLLM engine (median seconds)")
+    for col in ("size", "params", "MB fp32", "disk: commit", "disk: reload", "disk total", "memory", "disk/memory"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['mb_fp32']:.0f}", f"{r['disk_write_s']:.3f}",
+                      f"{r['disk_reload_s']:.3f}", f"{r['disk_s']:.3f}", f"{r['memory_s']:.3f}",
+                      f"{r['disk_s'] / r['memory_s']:.1f}x")
+    console.print(table)
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1))

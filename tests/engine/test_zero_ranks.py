@@ -1,0 +1,96 @@
+"""The multi-rank DeepSpeed trainer on CPU (rstar2/deepspeed_backend.py): two rank actors under ZeRO-2 and ZeRO-3
+make the same updates as one plain-torch process on the same recorded batches (several micro-batches each), and a save -> restore -> next update is
+bit-identical to never having stopped. The first run JIT-compiles DeepSpeed's shm comm op (~1 min, cached)."""
+
+import pytest
+import ray
+import torch
+
+from rstar2 import cluster, config
+from rstar2.trainer import PolicyTrainer
+from rstar2.trainer_group import TrainerGroup
+from rstar2.world import build
+from tests.unit.test_trainer import TINY, batch
+
+pytestmark = pytest.mark.e2e
+
+REWARDS = [1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0]
+LR = 1e-3
+# Tolerance on each parameter's change, as a fraction of the learning rate. The ranks sum the same per-token terms in
+# another order (each rank its share, then gloo's reduction), so gradients agree to fp32 rounding (~1e-7 relative).
+# Adam's first step is lr * g / (|g| + eps): a rounding difference moves it only where |g| is near eps, and then by a
+# tiny fraction of lr. 1e-3 * lr is far below the step itself (~lr per weight), so a wrong share, a missing rank's
+# gradient or a double count (each a change of order lr) fails it.
+TOL = 1e-3 * LR
+
+
+def cfg(**kw) -> config.TrainerCfg:
+    return config.TrainerCfg(lr=LR, warmup_steps=1, micro_batch_tokens=64, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build.build(config.load("tiny", TINY), tmp_path_factory.mktemp("world"))["init_model"]
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    cluster.init()
+    yield
+
+
+def group(model_dir, c):
+    return TrainerGroup(str(model_dir), c, seed=0, threads=2, gpus_per_rank=0)
+
+
+def stop(g: TrainerGroup) -> None:
+    for r in g.ranks:
+        ray.kill(r)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_match_one_and_resume_bit_identical(tiny_model, ray_up, tmp_path, stage):
+    b1 = batch(tmp_path / "b1.parquet", REWARDS, seed=1)
+    b2 = batch(tmp_path / "b2.parquet", REWARDS, seed=2)
+    ref = PolicyTrainer(tiny_model, cfg(), seed=0)
+    w0 = ref.full_state_dict()
+    ref.update(b1)
+    want = ref.full_state_dict()
+    ref.update(b2)
+    want2 = ref.full_state_dict()  # the second step: catches gradients leaking from one step into the next
+
+    ds = cfg(backend="deepspeed", zero_stage=stage, world_size=2)
+    a = group(tiny_model, ds)
+    a.update(b1)
+    got = a.full_state_dict()
+    assert got.keys() == want.keys()
+    moved = max(float((want[k] - w0[k]).abs().max()) for k in want)
+    assert moved > 0.5 * LR  # the update is real: Adam's first step moves weights by ~lr
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=0, atol=TOL), k
+
+    ckpt = a.save(str(tmp_path / "step-1"), {"step": 1})
+    a.update(b2)
+    uninterrupted = a.full_state_dict()
+    stop(a)
+    for k in want2:
+        assert torch.allclose(uninterrupted[k], want2[k], rtol=0, atol=TOL), k
+
+    b = group(ckpt, ds)  # a resumed run starts the ranks from the checkpoint's weights, then takes back the state
+    assert b.load_state(ckpt)["step"] == 1
+    b.update(b2)
+    resumed = b.full_state_dict()
+    stop(b)
+    for k in uninterrupted:
+        assert torch.equal(resumed[k], uninterrupted[k]), k
+
+
+def test_zero3_builds_the_model_partitioned(tiny_model, monkeypatch):
+    """Under ZeRO-3 the model is created inside deepspeed.zero.Init (no full fp32 copy per rank first)."""
+    import deepspeed
+
+    entered = []
+    real = deepspeed.zero.Init.__enter__
+    monkeypatch.setattr(deepspeed.zero.Init, "__enter__", lambda self: entered.append(1) or real(self))
+    tr = PolicyTrainer(tiny_model, cfg(backend="deepspeed", zero_stage=3), seed=0)
+    assert entered and all(hasattr(p, "ds_id") for p in tr.model.parameters())
