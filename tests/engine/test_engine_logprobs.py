@@ -19,7 +19,7 @@ from rstar2.rollout import RolloutLimits, to_rows
 from rstar2.steps import ToolDisabled
 from rstar2.trainer import PolicyTrainer, _Batch
 from rstar2.world import build
-from rstar2.chat import load_tokenizer as load
+from rstar2.chat import ChatFormat, load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 
@@ -39,15 +39,15 @@ def _sharpened(tmp_path):
 
 def test_engine_log_probs_are_the_trainer_s_and_an_engine_ratio_update_runs(tmp_path):
     model = _sharpened(tmp_path)
-    tok = load(model)
+    chat = ChatFormat.load(model)
     engine = VLLMEngine(EngineSpec(model_dir=model, max_model_len=1024, kv_cache_bytes=32 * 2**20, dtype="float32"))
     client = engine.client(temperature=1.0, logprobs=True)
     problems = [{"problem_id": f"p{i}", "prompt": f"Compute {i} * 7.", "answer": str(i * 7)} for i in range(3)]
-    loop = AgentLoop(EngineSet([client], [client.capacity]), SchedulerCfg(), ToolDisabled(), tok,
+    loop = AgentLoop(EngineSet([client], [client.capacity]), SchedulerCfg(), ToolDisabled(), chat,
                      RolloutLimits(max_turns=3, max_response_tokens=40, max_model_len=1024))
     trajs, _ = loop.run(problems, 4, seed=0)
     engine.close()
-    rows = to_rows(trajs, tok)
+    rows = to_rows(trajs, chat.tokenizer)
     for i, r in enumerate(rows):
         assert len(r["response_logprobs"]) == len(r["response_ids"]) == len(r["loss_mask"])
         r["reward"] = float(i % 2)  # two right, two wrong per problem: every group has a signal
