@@ -161,7 +161,7 @@ case "$cmd" in
   images) ensure_env; build_images ;;
   docker-test)
     ensure_env; build_images
-    exec "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/flows/test_compose_stack.py \
+    exec "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/docker/test_compose_stack.py \
       "$@" ;;
   *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env|images|docker-test} [args]" >&2; exit 2 ;;
 esac
