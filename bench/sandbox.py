@@ -11,6 +11,7 @@ counts lost, mismatched and duplicated results and samples the service's memory 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -22,6 +23,7 @@ import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import numpy as np
@@ -125,6 +127,26 @@ def naive_call(code: str) -> Callable[[], Optional[str]]:
         except subprocess.TimeoutExpired:
             return None
     return call
+
+
+class DockerBench:
+    """The docker backend (one warm container of the sandbox image, the same limits) for the bench; its
+    `executors()` stand for the container's CPU time, so CPU ms/call compares with the local service's."""
+
+    def __init__(self, limits, slots: int):
+        from rstar2.sandbox.docker_backend import DEFAULT_IMAGE, docker_sandbox
+
+        self.sandbox = docker_sandbox(DEFAULT_IMAGE, limits, slots)
+        self.run = self.sandbox.run
+
+    def executors(self) -> list:
+        return [SimpleNamespace(cpu_seconds=self.sandbox.service.cpu_seconds)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sandbox.close()
 
 
 def service_call(service, code: str) -> Callable[[], Optional[str]]:
@@ -340,6 +362,8 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
          soak_s: float = typer.Option(0.0, help="then a sustained run of this many seconds (0: none)"),
          soak_clients: int = typer.Option(32, help="concurrent clients of the sustained run"),
          soak_over: str = typer.Option("http", help="sustained run against: http (a server process) | local"),
+         backend: str = typer.Option("local", help="local: the service in this process; docker: also the docker "
+                                                   "backend (one warm container, same limits), measured beside it"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Sandbox service vs naive subprocess per call: calls/s, p50/p99 latency, CPU per call; optional soak."""
     from rstar2.sandbox.api import SandboxLimits
@@ -352,6 +376,8 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
             raise ValueError(f"unknown snippets {sorted(unknown)}")
         if soak_over not in ("http", "local") or min(conc) < 1:
             raise ValueError("--soak-over must be http or local, concurrencies positive")
+        if backend not in ("local", "docker"):
+            raise ValueError("--backend must be local or docker")
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
@@ -361,20 +387,25 @@ def main(concurrency: str = typer.Option("1,4,8,32", help="comma-separated clien
         r = subprocess.run([sys.executable, "-c", SNIPPETS[name]], capture_output=True, text=True, check=True)
         expected[name] = r.stdout
     points: list[Point] = []
-    with SandboxService(SandboxLimits(timeout_s=30.0, cpu_s=30), slots=slots, prewarm=("bare", "sci")) as svc:
+    limits = SandboxLimits(timeout_s=30.0, cpu_s=30)
+    with SandboxService(limits, slots=slots, prewarm=("bare", "sci")) as svc, \
+            (DockerBench(limits, slots) if backend == "docker" else contextlib.nullcontext()) as box:
         layers = svc.isolation()
         console.print(isolation_table(layers))
+        targets = [("service", svc)] + ([("docker", box)] if box else [])
         for name in names:
             for c in conc:
-                measure(service_call(svc, SNIPPETS[name]), expected[name], c, min(0.5, duration_s), name, "service",
-                        svc)  # warm-up: caches, page tables, the scheduler settle
-                points.append(cleanest(lambda: measure(service_call(svc, SNIPPETS[name]), expected[name], c,
-                                                       duration_s, name, "service", svc), attempts, max_foreign))
+                start = len(points)
+                for impl, target in targets:
+                    measure(service_call(target, SNIPPETS[name]), expected[name], c, min(0.5, duration_s), name,
+                            impl, target)  # warm-up: caches, page tables, the scheduler settle
+                    points.append(cleanest(lambda: measure(service_call(target, SNIPPETS[name]), expected[name], c,
+                                                           duration_s, name, impl, target), attempts, max_foreign))
                 if naive:
                     points.append(cleanest(lambda: measure(naive_call(SNIPPETS[name]), expected[name], c, duration_s,
                                                            name, "naive"), attempts, max_foreign))
                 console.print(f"  {name} x{c}: " + "  ".join(
-                    f"{p.impl} {p.calls_per_s:.1f}/s p99 {p.p99_ms:.1f} ms" for p in points[-2 if naive else -1:]))
+                    f"{p.impl} {p.calls_per_s:.1f}/s p99 {p.p99_ms:.1f} ms" for p in points[start:]))
     table = Table(title=f"sandbox service vs naive subprocess per call ({slots} slots, {os.cpu_count()} cores, "
                         f"{duration_s:g} s per point)")
     for col in ("snippet", "clients", "impl", "calls/s", "p50 ms", "p99 ms", "CPU ms/call", "foreign load", "errors",

@@ -5,15 +5,18 @@
 #   bash infra/dev.sh ui-test            headless Chromium against the Prefect and MLflow UIs (installs Debian's chromium if missing)
 #   bash infra/dev.sh serve [args]       Prefect + MLflow servers on 127.0.0.1 and a worker for prefect.yaml's deployments
 #   bash infra/dev.sh env                create .venv only
+#   bash infra/dev.sh images             build rstar2-sandbox:latest and rstar2:cpu (the engine and base image first)
+#   bash infra/dev.sh docker-test        images, then the docker-backend containment tests and the compose stack test
 # Every tool's state is kept under .rstar2/ (never $HOME).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="$root/.venv"
+venv="${RSTAR2_VENV:-$root/.venv}"  # RSTAR2_VENV: an environment of the lock you manage yourself (used as is)
 lock="$root/infra/requirements-cpu.lock"
 stamp="$venv/.rstar2-lock.sha256"
 
 ensure_env() {
+  if [[ -n "${RSTAR2_VENV:-}" ]]; then return; fi
   # relative names: the stamp depends on the files' contents, not on where the checkout lives
   local want; want="$(sha256sum infra/requirements-cpu.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
@@ -37,6 +40,106 @@ install_env() {
     "$venv/bin/pip" install --no-compile --no-deps -e .
 }
 
+as_root=(); [[ "$(id -u)" == 0 ]] || as_root=(sudo)  # CI may run as a user with sudo
+apt_install() {
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Debian's engine, started without a bridge or iptables rules: every container runs with --network host and talks
+# over 127.0.0.1 only. docker-compose is Debian's (v1, `docker-compose`); debootstrap makes the base image.
+ensure_engine() {
+  command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null ||
+    { echo "[rstar2] installing docker.io, docker-compose and debootstrap (apt-get)" >&2
+      apt_install docker.io docker-compose debootstrap; }
+  docker info >/dev/null 2>&1 && return
+  echo "[rstar2] starting dockerd (log: /var/log/rstar2-dockerd.log)" >&2
+  "${as_root[@]}" sh -c 'setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
+    >/var/log/rstar2-dockerd.log 2>&1 &'
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && return; sleep 1; done
+  echo "[rstar2] dockerd did not start; see /var/log/rstar2-dockerd.log" >&2; exit 1
+}
+
+# The base image: $RSTAR2_BASE_IMAGE where a registry is reachable (e.g. python:3.11-slim-bookworm); otherwise a
+# minimal Debian bookworm with python3 made here with debootstrap from the configured Debian mirror (~40 s, 260 MB).
+base_image() {
+  if [[ -n "${RSTAR2_BASE_IMAGE:-}" ]]; then echo "$RSTAR2_BASE_IMAGE"; return; fi
+  local name=rstar2-base:bookworm
+  if ! docker image inspect "$name" >/dev/null 2>&1; then
+    local mirror dir
+    mirror="${RSTAR2_DEBIAN_MIRROR:-$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources \
+      2>/dev/null)}"
+    mirror="${mirror:-http://deb.debian.org/debian}"
+    dir="$(mktemp -d)"
+    echo "[rstar2] making $name with debootstrap from $mirror" >&2
+    "${as_root[@]}" debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$dir" \
+      "$mirror" >"$root/.rstar2/debootstrap.log" 2>&1 ||
+      { tail -n 20 "$root/.rstar2/debootstrap.log" >&2; exit 1; }
+    "${as_root[@]}" tar -C "$dir" -c . | docker import - "$name" >/dev/null
+    "${as_root[@]}" rm -rf "$dir"
+  fi
+  echo "$name"
+}
+
+# Where pip in a build finds packages: $RSTAR2_PIP_INDEX_URL (and $RSTAR2_PIP_EXTRA_INDEX_URL) when set; otherwise
+# the file:// indexes and find-links of this machine's pip config, served read-only over 127.0.0.1 for the build.
+pip_args=()
+serve_local_index() {
+  if [[ -n "${RSTAR2_PIP_INDEX_URL:-}" ]]; then
+    pip_args=(--build-arg "PIP_INDEX_URL=$RSTAR2_PIP_INDEX_URL"
+              --build-arg "PIP_EXTRA_INDEX_URL=${RSTAR2_PIP_EXTRA_INDEX_URL:-}")
+    return
+  fi
+  local conf dirs=() links=() port i=0 d
+  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  conf="$(python3 -m pip config list 2>/dev/null || true)"
+  mapfile -t dirs < <(grep -oE "(index-url|extra-index-url)='[^']*'" <<<"$conf" | grep -oE 'file://[^ '"'"']*' |
+    sed 's|^file://||')
+  mapfile -t links < <(grep -oE "find-links='[^']*'" <<<"$conf" | grep -oE "'[^']*'" | tr -d "'" | tr ' ' '\n' |
+    sed 's|^file://||' | grep '^/' | sort -u)
+  if [[ ${#dirs[@]} == 0 ]]; then return; fi  # no local index: the Dockerfiles' defaults (a public registry)
+  index_tree="$(mktemp -d)"
+  local tree="$index_tree" urls=()
+  for d in "${dirs[@]}"; do  # each index is <root>/simple with links to ../../files
+    ln -s "$(dirname "$d")" "$tree/i$i"; urls+=("http://127.0.0.1:$port/i$i/$(basename "$d")"); i=$((i + 1))
+  done
+  local find=()
+  for d in "${links[@]}"; do ln -s "$d" "$tree/f$i"; find+=("http://127.0.0.1:$port/f$i/"); i=$((i + 1)); done
+  python3 -m http.server --bind 127.0.0.1 --directory "$tree" "$port" >/dev/null 2>&1 &
+  index_pid=$!
+  trap 'kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"' EXIT
+  for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" \
+    2>/dev/null && break; sleep 0.2; done
+  pip_args=(--build-arg "PIP_INDEX_URL=${urls[0]}" --build-arg "PIP_EXTRA_INDEX_URL=${urls[*]:1}"
+            --build-arg "PIP_FIND_LINKS=${find[*]}")
+  staging=1  # a local index does not hold the lock's versions: stage them from .venv (stage_packages.py)
+}
+
+# Builds on the host network (pip reaches the index on 127.0.0.1); an image already built is reused by Docker's
+# layer cache, so a second run costs seconds.
+build_images() {
+  ensure_engine
+  mkdir -p "$root/.rstar2"
+  local base; base="$(base_image)"
+  staging=0
+  serve_local_index
+  mkdir -p "$root/.rstar2/image/none"
+  local image file staged
+  for pair in rstar2-sandbox:latest=sandbox rstar2:cpu=cpu; do
+    image="${pair%%=*}"; file="${pair#*=}"; staged=.rstar2/image/none
+    if [[ $staging == 1 ]]; then
+      staged=".rstar2/image/$file"
+      if [[ $file == cpu ]]; then set -- all; else
+        read -r -a pkgs <<<"$(sed -n 's/^ENV SERVICE_PACKAGES="\(.*\)"/\1/p' infra/docker/Dockerfile.sandbox)"; set -- "${pkgs[@]}"; fi
+      "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$@" >&2
+    fi
+    echo "[rstar2] building $image on $base" >&2
+    docker build --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
+      -f "infra/docker/Dockerfile.$file" -t "$image" . \
+      >"$root/.rstar2/build-${image%%:*}.log" || { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; exit 1; }
+  done
+}
+
 # shellcheck source=infra/env.sh
 source "$root/infra/env.sh"
 # the venv is installed without bytecode (see install_env): let the first import of each module cache it
@@ -52,10 +155,13 @@ case "$cmd" in
     ensure_env
     if ! command -v chromium >/dev/null; then
       echo "[rstar2] installing Debian's chromium (apt-get)" >&2
-      as_root=(); [[ "$(id -u)" == 0 ]] || as_root=(sudo)  # CI may run as a user with sudo
-      "${as_root[@]}" apt-get update -qq
-      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      apt_install chromium
     fi
     exec "$venv/bin/python" -m pytest -q -m ui tests/ui "$@" ;;
-  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env} [args]" >&2; exit 2 ;;
+  images) ensure_env; build_images ;;
+  docker-test)
+    ensure_env; build_images
+    exec "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/docker/test_compose_stack.py \
+      "$@" ;;
+  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env|images|docker-test} [args]" >&2; exit 2 ;;
 esac

@@ -50,8 +50,7 @@ def connect(cfg) -> Backend:
         return SyncSandbox(BatchingClient(ray_group.RayTransport(actors), **batching),
                            on_close=lambda: ray_group.stop_group(actors))
     if cfg.backend == "docker":
-        from rstar2.sandbox.docker_backend import DockerService
+        from rstar2.sandbox.docker_backend import docker_sandbox
 
-        svc = DockerService(cfg.docker_image, limits_of(cfg), cfg.workers)
-        return SyncSandbox(BatchingClient(HttpTransport([svc.url]), **batching), on_close=svc.close)
+        return docker_sandbox(cfg.docker_image, limits_of(cfg), cfg.workers, **batching)
     raise ValueError(f"unknown sandbox backend {cfg.backend!r}")

@@ -1,18 +1,67 @@
 """Containment (issue 3 done-when): each attack fails, nothing it started survives the call, and the service answers
 the next request, with no request lost (the attack and a canary are submitted together; both must come back).
-A layer this machine lacks is skipped with the reason `isolation()` reports; on this machine class all are active."""
+A layer this machine lacks is skipped with the reason `isolation()` reports; on this machine class all are active.
+
+Each test runs against the local backend (the service in this process) and the docker backend (one warm container of
+rstar2-sandbox:latest, same limits, reached over 127.0.0.1): `bash infra/dev.sh docker-test` builds the image and
+runs the docker half (`-m docker`); without an engine or the image that half is skipped. The host sees the container's
+processes under the same uids, so "nothing survives" is checked from outside the container too."""
 
 import os
 import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 from rstar2.sandbox import ExecRequest
+from rstar2.sandbox.docker_backend import DEFAULT_IMAGE, docker_sandbox
 from rstar2.sandbox.executor import PROJECT_ROOT, UID_BASE
 from rstar2.sandbox.service import SandboxService
+
+
+class DockerSandbox:
+    """The docker backend with the few extra calls these tests make of a local service: `submit` (a future),
+    `limits`, and `executors()` (the container's executor processes, by their pids on the host)."""
+
+    def __init__(self, limits, slots: int):
+        self.limits, self.backend = limits, docker_sandbox(DEFAULT_IMAGE, limits, slots)
+        self._pool = ThreadPoolExecutor(4)
+
+    def __getattr__(self, name):  # run, run_batch, snapshot, isolation
+        return getattr(self.backend, name)
+
+    def submit(self, req):
+        return self._pool.submit(self.backend.run, req)
+
+    def executors(self) -> list:
+        return [SimpleNamespace(pid=pid) for pid in self.backend.service.executor_pids()]
+
+    def close(self) -> None:
+        self._pool.shutdown()
+        self.backend.close()
+
+
+@pytest.fixture(scope="module")
+def docker_service(fast):
+    try:
+        import docker
+
+        docker.from_env().images.get(DEFAULT_IMAGE)
+    except Exception as e:  # noqa: BLE001 - no SDK, no engine or no image: the same skip
+        pytest.skip(f"no Docker engine with {DEFAULT_IMAGE} (bash infra/dev.sh images): {e}")
+    svc = DockerSandbox(fast, slots=2)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def service(request, service):
+    """The session's local service (tests/unit/conftest.py), or the docker backend under the same limits."""
+    return service if request.param == "local" else request.getfixturevalue("docker_service")
 
 
 

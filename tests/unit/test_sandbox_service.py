@@ -2,6 +2,7 @@
 clients, and the same service over HTTP through the batching client (retries, errors), the Docker backend's spec."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -172,9 +173,13 @@ def test_http_full_queue_is_retried_by_the_client(fast):
 
 
 def test_docker_backend_spec_and_clear_error_without_an_engine():
-    spec = container_spec("rstar2-sandbox:latest", SandboxLimits(timeout_s=2.0), slots=8)
-    assert spec["command"][:2] == ["sandbox", "serve"] and "--slots" in spec["command"]
-    assert spec["privileged"] and spec["ports"] == {"8000/tcp": ("127.0.0.1", None)}
+    limits = SandboxLimits(timeout_s=2.0, cpu_s=3, max_processes=10)
+    spec = container_spec("rstar2-sandbox:latest", limits, slots=8, port=8123)
+    cmd = spec["command"]
+    assert cmd[:6] == ["sandbox", "serve", "--host", "127.0.0.1", "--port", "8123"] and "--slots" in cmd
+    assert SandboxLimits(**json.loads(cmd[cmd.index("--limits") + 1])) == limits  # every limit, not two of them
+    assert spec["network_mode"] == "host" and "ports" not in spec and "privileged" not in spec
+    assert spec["cap_drop"] == ["SYS_RESOURCE"] and "seccomp=unconfined" in spec["security_opt"]
     try:
         import docker
         docker.from_env().ping()
