@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rstar2.batching import collate, loss_token_logprobs, token_budget_batches
+from rstar2.report import save_figure
 
 REFLECTION, REASONING = "reflection", "reasoning"  # the classes of model tokens (tool and prompt tokens have none)
 
@@ -158,9 +159,5 @@ def plots(by_checkpoint: dict[str, dict], out_dir: str) -> list[str]:
         ax.set_title(f"high-entropy tokens: {ylabel}", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, axis="y")
-        path = out / f"entropy_{key}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(save_figure(fig, out / f"entropy_{key}.png"))
     return paths

@@ -74,12 +74,18 @@ def comparison_plots(histories: dict[str, Curves | list[Curves]], out_dir: str, 
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-        path = out / f"{metric}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(save_figure(fig, out / f"{metric}.png"))
     return paths
+
+
+def save_figure(fig, path: Path) -> str:
+    """Write a matplotlib figure as the project's plots are written (tight layout, 110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def per_step_rows(curves: dict[str, dict[str, list[tuple[int, float]]]]) -> list[dict]:
