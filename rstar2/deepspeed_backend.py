@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from pathlib import Path
 
 import torch
 
 from rstar2.config import TrainerCfg
+from rstar2.net import free_port
 from rstar2.optim import adamw, lr_lambda
 
 
@@ -36,12 +36,6 @@ def import_deepspeed():
         raise ImportError("trainer.backend=deepspeed needs the deepspeed package (pip install '.[cuda]' or "
                           "'deepspeed>=0.19'); on one CPU or GPU use trainer.backend=torch") from e
     return deepspeed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
@@ -60,7 +54,7 @@ def ds_config(cfg: TrainerCfg, device: torch.device) -> dict:
 def init_distributed(rank: int, world: int, master: tuple[str, int] | None) -> None:
     """Join the ranks' process group (before the model is built: ZeRO-3 partitions it as it is created)."""
     ds = import_deepspeed()
-    addr, port = master or ("127.0.0.1", free_port())
+    addr, port = master or ("127.0.0.1", free_port(""))
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK="0")  # under Ray every rank sees its own GPU as device 0
     ds.init_distributed(rank=rank, world_size=world, verbose=False)

@@ -22,9 +22,9 @@ class _Rank:
     """A GPU slot: reports where it runs (rank 0 hosts the process-group store), then hosts one PolicyTrainer."""
 
     def address(self) -> tuple[str, int]:
-        from rstar2.deepspeed_backend import free_port
+        from rstar2.net import free_port
 
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def start(self, *args, **kwargs) -> None:
         from rstar2.trainer import PolicyTrainer

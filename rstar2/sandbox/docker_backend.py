@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import time
 import urllib.request
 
+from rstar2.net import free_port
 from rstar2.sandbox.api import SandboxLimits, SandboxUnavailable
 
 DEFAULT_IMAGE = "rstar2-sandbox:latest"
 CONTAINMENT = {"cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
                "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
                "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def container_spec(image: str, limits: SandboxLimits, slots: int, port: int) -> dict:
