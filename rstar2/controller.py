@@ -79,14 +79,21 @@ class Controller:
             self.placement.add_trainer(cfg, self.run_id)
         self.weight_sync = cfg.trainer.weight_sync
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
+        # engines and trainer start side by side (each start is mostly one process importing and loading), then
+        # both are waited for
+        engines_up = trainer_up = None
         if not self.engines:
             self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
                             for i, n in enumerate(engine_names)]
-            self._engine_info = ray.get([e.info.remote() for e in self.engines])  # also waits for them to be up
-            self.loaded = model_dir
+            engines_up = [e.info.remote() for e in self.engines]
         if with_trainer and self.trainer is None:
             self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
-            ray.get(self.trainer.__ray_ready__.remote())
+            trainer_up = self.trainer.__ray_ready__.remote()
+        if engines_up is not None:
+            self._engine_info = ray.get(engines_up)
+            self.loaded = model_dir
+        if trainer_up is not None:
+            ray.get(trainer_up)
         if self.estimator is None:
             self.estimator = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
 
