@@ -47,5 +47,5 @@ def test_deepspeed_update_and_bit_identical_resume_on_cuda(qwen05b, tmp_path, de
     resumed = b.full_state_dict()
     diff = {k: float((resumed[k].float() - v.float()).abs().max()) for k, v in uninterrupted.items()
             if not torch.equal(resumed[k], v)}
-    assert not diff, f"{len(diff)} of {len(uninterrupted)} tensors differ after resume (max |delta|, first 8): "
-                     f"{dict(list(diff.items())[:8])}"
+    assert not diff, (f"{len(diff)} of {len(uninterrupted)} tensors differ after resume (max |delta|, first 8): "
+                      f"{dict(list(diff.items())[:8])}")
