@@ -34,10 +34,14 @@ def test_deepspeed_update_and_bit_identical_resume_on_cuda(qwen05b, tmp_path, de
     w1 = a.full_state_dict()
     assert any(not torch.equal(w1[k], w0[k]) for k in w0)  # the update is real
     ckpt = a.save(str(tmp_path / "step-1"), {"step": 1})
-    a.update(b2)
+    m2 = a.update(b2)
     uninterrupted = a.full_state_dict()
-    figures(f"trainer_zero{stage}_0.44b_update_s", round(m1["update_s"], 3))
-    figures(f"trainer_zero{stage}_0.44b_peak_mb", round(m1["update_peak_mem_mb"]))
+    # the first update also pays one-time costs (CUDA kernels' first launches, the optimizer states' allocation);
+    # the second is the steady state, its peak with the Adam states resident
+    figures(f"trainer_zero{stage}_0.44b_first_update_s", round(m1["update_s"], 3))
+    figures(f"trainer_zero{stage}_0.44b_update_s", round(m2["update_s"], 3))
+    figures(f"trainer_zero{stage}_0.44b_update_tokens", m2["update_tokens"])
+    figures(f"trainer_zero{stage}_0.44b_peak_mb", round(max(m1["update_peak_mem_mb"], m2["update_peak_mem_mb"])))
     del a
     torch.cuda.empty_cache()
 
