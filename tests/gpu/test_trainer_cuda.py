@@ -16,8 +16,14 @@ REWARDS = [1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0]
 
 @pytest.fixture
 def deterministic():
+    """Deterministic kernels, and SDPA's math kernel for attention: on CUDA its backward is the only deterministic
+    one here (under warn_only=True flash attention takes its non-deterministic backward and cuDNN's always is, as
+    PyTorch's attention_backward.cu says: an H200 run warned of cuDNN's, and passed with nothing making it so)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     torch.use_deterministic_algorithms(True, warn_only=True)
-    yield
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
     torch.use_deterministic_algorithms(False)
 
 
