@@ -61,19 +61,23 @@ def _random_model(src: Path, out: Path, seed: int) -> None:
 
 
 # ----------------------------------------------------------------------------- workers (one subprocess each)
-def _rss_reset() -> float:
-    from rstar2 import device
-
-    import torch
-    device.reset_peak_memory(torch.device("cpu"))
-    return device.peak_memory_mb(torch.device("cpu"))
-
-
-def _peak() -> float:
+def _mem_reset(spec: dict) -> float:
+    """Start a fresh peak-memory window on the bench's device (CUDA allocator or the process's RSS) and return the
+    memory held now: the base that the update's own memory is measured from."""
     import torch
 
     from rstar2 import device
-    return device.peak_memory_mb(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+    d = torch.device(spec["device"])
+    device.reset_peak_memory(d)
+    return device.peak_memory_mb(d)
+
+
+def _peak(spec: dict) -> float:
+    import torch
+
+    from rstar2 import device
+    return device.peak_memory_mb(torch.device(spec["device"]))
 
 
 def _enough(steps: list[dict], spec: dict) -> bool:
@@ -91,7 +95,7 @@ def worker_ours(spec: dict) -> list[dict]:
     tr = PolicyTrainer(spec["model"], cfg, seed=0)
     steps: list[dict] = []
     while not _enough(steps, spec):
-        base = _rss_reset()
+        base = _mem_reset(spec)
         c0 = time.process_time()
         m = tr.update(spec["batch"])
         steps.append({"update_s": m["update_s"], "loss_tokens": m["update_loss_tokens"],
@@ -159,12 +163,12 @@ def worker_trl(spec: dict) -> list[dict]:
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **kw):
             gen_s[0] = 0.0
-            self.base, self.t0, self.c0 = _rss_reset(), time.perf_counter(), time.process_time()
+            self.base, self.t0, self.c0 = _mem_reset(spec), time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             wall = time.perf_counter() - self.t0
             steps.append({"update_s": wall - gen_s[0], "loss_tokens": loss_tokens, "fed_tokens": fed,
-                          "peak_mb": _peak(), "base_mb": self.base, "generate_s": gen_s[0],
+                          "peak_mb": _peak(spec), "base_mb": self.base, "generate_s": gen_s[0],
                           "cpu_util": (time.process_time() - self.c0) / wall})
             if _enough(steps, spec):
                 control.should_training_stop = True

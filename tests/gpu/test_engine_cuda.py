@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from rstar2.chat import load_tokenizer
 from rstar2.engine import EngineSpec, VLLMEngine
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("vllm_cuda")]
 
 
 def moved(model_dir: str, out: Path) -> dict:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from rstar2 import checkpoint
 from tests.flows.test_own_model import AIME, _jsonl, dapo_rows, transcripts
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("vllm_cuda")]
 
 GPU = ["engine.gpu_memory_utilization=0.3", "engine.dtype=bfloat16", "placement.colocate=true",
        "trainer.backend=deepspeed", "trainer.zero_stage=2", "trainer.dtype=bfloat16", "trainer.lr=1.0e-6",

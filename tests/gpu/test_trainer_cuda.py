@@ -16,8 +16,14 @@ REWARDS = [1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0]
 
 @pytest.fixture
 def deterministic():
+    """Deterministic kernels, and SDPA's math kernel for attention: on CUDA its backward is the only deterministic
+    one here (under warn_only=True flash attention takes its non-deterministic backward and cuDNN's always is, as
+    PyTorch's attention_backward.cu says: an H200 run warned of cuDNN's, and passed with nothing making it so)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     torch.use_deterministic_algorithms(True, warn_only=True)
-    yield
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
     torch.use_deterministic_algorithms(False)
 
 
@@ -34,10 +40,14 @@ def test_deepspeed_update_and_bit_identical_resume_on_cuda(qwen05b, tmp_path, de
     w1 = a.full_state_dict()
     assert any(not torch.equal(w1[k], w0[k]) for k in w0)  # the update is real
     ckpt = a.save(str(tmp_path / "step-1"), {"step": 1})
-    a.update(b2)
+    m2 = a.update(b2)
     uninterrupted = a.full_state_dict()
-    figures(f"trainer_zero{stage}_0.44b_update_s", round(m1["update_s"], 3))
-    figures(f"trainer_zero{stage}_0.44b_peak_mb", round(m1["update_peak_mem_mb"]))
+    # the first update also pays one-time costs (CUDA kernels' first launches, the optimizer states' allocation);
+    # the second is the steady state, its peak with the Adam states resident
+    figures(f"trainer_zero{stage}_0.44b_first_update_s", round(m1["update_s"], 3))
+    figures(f"trainer_zero{stage}_0.44b_update_s", round(m2["update_s"], 3))
+    figures(f"trainer_zero{stage}_0.44b_update_tokens", m2["update_tokens"])
+    figures(f"trainer_zero{stage}_0.44b_peak_mb", round(max(m1["update_peak_mem_mb"], m2["update_peak_mem_mb"])))
     del a
     torch.cuda.empty_cache()
 
@@ -45,5 +55,7 @@ def test_deepspeed_update_and_bit_identical_resume_on_cuda(qwen05b, tmp_path, de
     assert b.load_state(ckpt)["step"] == 1
     b.update(b2)
     resumed = b.full_state_dict()
-    for k in uninterrupted:
-        assert torch.equal(resumed[k], uninterrupted[k]), k
+    diff = {k: float((resumed[k].float() - v.float()).abs().max()) for k, v in uninterrupted.items()
+            if not torch.equal(resumed[k], v)}
+    assert not diff, (f"{len(diff)} of {len(uninterrupted)} tensors differ after resume (max |delta|, first 8): "
+                      f"{dict(list(diff.items())[:8])}")
