@@ -55,8 +55,9 @@ ensure_engine() {
       apt_install docker.io docker-compose debootstrap; }
   docker info >/dev/null 2>&1 && return
   echo "[rstar2] starting dockerd (log: /var/log/rstar2-dockerd.log)" >&2
-  "${as_root[@]}" sh -c 'setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
-    >/var/log/rstar2-dockerd.log 2>&1 &'
+  # --group: the socket belongs to this user's group, so a CI user with sudo reaches the engine without it
+  "${as_root[@]}" sh -c "setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
+    --group $(id -gn) >/var/log/rstar2-dockerd.log 2>&1 &"
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && return; sleep 1; done
   echo "[rstar2] dockerd did not start; see /var/log/rstar2-dockerd.log" >&2; exit 1
 }
@@ -125,6 +126,9 @@ build_images() {
   staging=0
   serve_local_index
   mkdir -p "$root/.rstar2/image/none"
+  local base_python  # staging evaluates requirement markers for the image's interpreter (its patch level)
+  [[ $staging == 0 ]] || base_python="$(docker run --rm --network none "$base" python3 -c \
+    'import platform; print(platform.python_version())')"
   local image file staged
   for pair in rstar2-sandbox:latest=sandbox rstar2:cpu=cpu; do
     image="${pair%%=*}"; file="${pair#*=}"; staged=.rstar2/image/none
@@ -132,7 +136,7 @@ build_images() {
       staged=".rstar2/image/$file"
       if [[ $file == cpu ]]; then set -- all; else
         read -r -a pkgs <<<"$(sed -n 's/^ENV SERVICE_PACKAGES="\(.*\)"/\1/p' infra/docker/Dockerfile.sandbox)"; set -- "${pkgs[@]}"; fi
-      "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$@" >&2
+      "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$base_python" "$@" >&2
     fi
     echo "[rstar2] building $image on $base" >&2
     docker build --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
