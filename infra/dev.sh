@@ -109,12 +109,16 @@ serve_local_index() {
   for d in "${links[@]}"; do ln -s "$d" "$tree/f$i"; find+=("http://127.0.0.1:$port/f$i/"); i=$((i + 1)); done
   python3 -m http.server --bind 127.0.0.1 --directory "$tree" "$port" >/dev/null 2>&1 &
   index_pid=$!
-  trap 'kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"' EXIT
+  trap stop_local_index EXIT  # a failed build; build_images stops it itself (docker-test then `exec`s: no EXIT)
   for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" \
     2>/dev/null && break; sleep 0.2; done
   pip_args=(--build-arg "PIP_INDEX_URL=${urls[0]}" --build-arg "PIP_EXTRA_INDEX_URL=${urls[*]:1}"
             --build-arg "PIP_FIND_LINKS=${find[*]}")
   staging=1  # a local index does not hold the lock's versions: stage them from .venv (stage_packages.py)
+}
+
+stop_local_index() {
+  if [[ -n "${index_pid:-}" ]]; then kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"; index_pid=; fi
 }
 
 # Builds on the host network (pip reaches the index on 127.0.0.1); an image already built is reused by Docker's
@@ -143,6 +147,7 @@ build_images() {
       -f "infra/docker/Dockerfile.$file" -t "$image" . \
       >"$root/.rstar2/build-${image%%:*}.log" || { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; exit 1; }
   done
+  stop_local_index
 }
 
 # The GPU environment ($RSTAR2_CUDA_VENV, default .venv-cuda): the CUDA lock when one was made, else its input

@@ -8,6 +8,7 @@ level included), and this venv's interpreter is not the image's; the head is che
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +71,7 @@ def stack():
         subprocess.run([*cmd, "down", "-v", "--timeout", "20"], env=env, capture_output=True)
 
 
-def test_a_campaign_against_the_compose_stack_is_read_back_from_both_servers(stack, tmp_path):
+def test_a_campaign_against_the_compose_stack_is_read_back_from_both_servers(stack, tmp_path, request):
     import mlflow
     from prefect.client.orchestration import SyncPrefectClient
 
@@ -83,6 +84,7 @@ def test_a_campaign_against_the_compose_stack_is_read_back_from_both_servers(sta
 
     prefect_api, mlflow_uri = f"http://127.0.0.1:{ports['PREFECT']}/api", f"http://127.0.0.1:{ports['MLFLOW']}"
     home = Path(tempfile.mkdtemp(prefix="rs2c-", dir="/tmp"))  # short: Ray's socket paths under it
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
     run_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run_env.update(RSTAR2_HOME=str(home), PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_api,
                    MLFLOW_TRACKING_URI=mlflow_uri)
