@@ -93,7 +93,15 @@ serve_local_index() {
     return
   fi
   local conf dirs=() links=() port i=0 d
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  # a fixed port where free: the index URLs are build arguments, part of each RUN step's cache key (a new port each
+  # run rebuilt every step after the first RUN)
+  port="$(python3 -c 'import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' "${RSTAR2_INDEX_PORT:-3141}")"
   conf="$(python3 -m pip config list 2>/dev/null || true)"
   mapfile -t dirs < <(grep -oE "(index-url|extra-index-url)='[^']*'" <<<"$conf" | grep -oE 'file://[^ '"'"']*' |
     sed 's|^file://||')

@@ -9,6 +9,7 @@ level included), and this venv's interpreter is not the image's; the head is che
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,14 @@ def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2):
             return True
+    except OSError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
     except OSError:
         return False
 
@@ -66,6 +75,7 @@ def stack():
         _until("the Prefect server", lambda: _healthy(f"http://127.0.0.1:{ports['PREFECT']}/api/health"), 180)
         _until("the MLflow server", lambda: _healthy(f"http://127.0.0.1:{ports['MLFLOW']}/health"), 180)
         _until("the sandbox service", lambda: _healthy(f"http://127.0.0.1:{ports['SANDBOX']}/health"), 120)
+        _until("the Ray head", lambda: _listening(ports["RAY"]), 120)
         yield ports, cmd, env, engine, project
     finally:
         subprocess.run([*cmd, "down", "-v", "--timeout", "20"], env=env, capture_output=True)
@@ -80,7 +90,10 @@ def test_a_campaign_against_the_compose_stack_is_read_back_from_both_servers(sta
                           f"import ray; ray.init(address='127.0.0.1:{ports['RAY']}'); "
                           "print(ray.get(ray.remote(lambda: 'ray-ok').remote()))"],
                          env=env, capture_output=True, text=True, timeout=180)
-    assert "ray-ok" in ray.stdout, ray.stderr[-2000:]
+    if "ray-ok" not in ray.stdout:
+        logs = subprocess.run([*cmd, "logs", "--tail", "40", "ray-head"], env=env, capture_output=True, text=True)
+        pytest.fail(f"the Ray head took no job (exit {ray.returncode}): {ray.stdout[-1000:]} {ray.stderr[-2000:]}\n"
+                    f"{logs.stdout[-3000:]}")
 
     prefect_api, mlflow_uri = f"http://127.0.0.1:{ports['PREFECT']}/api", f"http://127.0.0.1:{ports['MLFLOW']}"
     home = Path(tempfile.mkdtemp(prefix="rs2c-", dir="/tmp"))  # short: Ray's socket paths under it
