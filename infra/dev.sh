@@ -97,6 +97,7 @@ serve_local_index() {
   # run rebuilt every step after the first RUN)
   port="$(python3 -c 'import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server: the last run leaves it in TIME_WAIT
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
