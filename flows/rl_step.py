@@ -13,7 +13,9 @@ from flows.evaluate import evaluate_loaded
 from tasks import rl
 
 
-@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}")
+# validate_parameters off: the stage flow passes the typed objects it was itself given (validated once, there);
+# pydantic would re-validate the whole run config at every step
+@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}", validate_parameters=False)
 def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
             experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""
