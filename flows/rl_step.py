@@ -1,11 +1,14 @@
 """One RL step as a DAG the Prefect UI draws:
-rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate."""
+rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate.
+
+Its tasks run in the stage's flow run (flows/train_stage.py), not in a subflow of their own: a subflow costs ~6
+blocking Prefect API calls per step (its tracking task run, the lookup for an existing one, the flow run and its state
+changes), which was half of what orchestration cost a tiny step (bench/README.md). Nor are they tagged by step: a
+tagged task run asks the server for the tag's concurrency slots first, which stalled some of them ~2 s."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from prefect import flow
 
 from rstar2.config import RunCfg, StageCfg
 from rstar2.controller import Controller
@@ -13,7 +16,6 @@ from flows.evaluate import evaluate_loaded
 from tasks import rl
 
 
-@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}")
 def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
             experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""

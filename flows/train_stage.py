@@ -1,5 +1,6 @@
-"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent (rstar2/transition.py),
-resuming after the stage's last committed checkpoint, then commits the stage's end record with its decision."""
+"""One RL stage: runs RL steps (flows/rl_step.py; their tasks in this flow run) until the stage's curve plateaus or its
+budget is spent (rstar2/transition.py), resuming after the stage's last committed checkpoint, then commits the
+stage's end record with its decision."""
 
 from __future__ import annotations
 
@@ -8,24 +9,26 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
-from prefect.settings import temporary_settings
 
 from rstar2 import checkpoint, runstate, transition
 from rstar2.config import RunCfg, StageCfg
 from rstar2.controller import Controller
 from flows.rl_step import rl_step
-from tasks import costs, rl, track
+from tasks import costs, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
-# A step's subflow sends no heartbeats of its own: Prefect's heartbeat thread sleeps in whole seconds and is joined
-# when its flow run ends, up to 1 s per flow run (most of what orchestration costs a tiny step otherwise); the stage's
-# flow run around the steps keeps beating for the process.
-STEP_SETTINGS = {"flows.heartbeat_frequency": None}
 
 
 def _key(stage: StageCfg, what: str) -> str:
     return f"{stage.name}-{what}".replace("_", "-").lower()  # artifact keys: lowercase, dashes
+
+
+def _progress_line(stage: StageCfg, row: dict) -> str:
+    """The progress artifact's caption: steps done of the budget and the last step's headline figures (the whole
+    table is the stage's metrics artifact, written when it ends; every step's figures are in MLflow)."""
+    figures = " | ".join(f"{k} {row[k]:.3g}" for k in TABLE if isinstance(row.get(k), float))
+    return f"stage {stage.name}: step {row['step']} of its budget {stage.steps}" + (f" | {figures}" if figures else "")
 
 
 @flow(name="train-stage", flow_run_name="{stage.name}")
@@ -42,24 +45,23 @@ def train_stage(cfg: RunCfg, stage: StageCfg, ctl: Controller, world: dict, run_
                                parent_run_id, tags, params=stage.model_dump(), link_key=_key(stage, "mlflow"))
     step = len(rows)
     progress = create_progress_artifact(step / max(1, stage.steps) * 100, key=_key(stage, "progress"),
-                                        description=f"stage {stage.name}: steps done of its budget {stage.steps}")
+                                        description=_progress_line(stage, rows[-1] if rows else {"step": 0}))
     history = lambda: [r[metric] for r in rows if r.get(metric) is not None]  # noqa: E731
     decision = transition.decide(history(), step, stage.steps, stage.plateau)
+    since = costs.mark()  # a step's orchestration cost is measured over its window (track.log_step)
     while not decision.advance:
-        t0, before = time.perf_counter(), costs.snapshot()  # the step's orchestration cost is measured from here
-        with temporary_settings(updates=STEP_SETTINGS):
-            res = rl_step(cfg, stage, step, global_step0 + step, ctl, world, run_dir, experiment_id, run_id,
-                          problems_uri)
-        res["step_s"] = time.perf_counter() - t0
+        res = rl_step(cfg, stage, step, global_step0 + step, ctl, world, run_dir, experiment_id, run_id, problems_uri)
+        res["step_s"] = time.perf_counter() - since[0]
         step += 1
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})
-        update_progress_artifact(progress, step / stage.steps * 100)
+        with costs.prefect():  # the step's one artifact call
+            update_progress_artifact(progress, step / stage.steps * 100, _progress_line(stage, rows[-1]))
+        _, since = track.log_step(rows, global_step0, stage.name, run_id, parent_run_id, since)
+        decision = transition.decide(history(), step, stage.steps, stage.plateau)
+    if rows:
         create_table_artifact([{k: round(r[k], 4) if isinstance(r.get(k), float) else r.get(k) for k in
                                 ("step",) + TABLE} for r in rows], key=_key(stage, "metrics"),
                               description=f"stage {stage.name}: per-step metrics")
-        rl.health_check(rows, global_step0, stage.name, run_id)  # the health line; the collapse alert in MLflow
-        track.log_step(rows[-1], global_step0 + step, run_id, parent_run_id, t0, before)
-        decision = transition.decide(history(), step, stage.steps, stage.plateau)
     final = checkpoint.latest(runstate.stage_ckpts(run, stage))
     record = {"stage": stage.name, "decision": decision.to_dict(), "steps": step,
               "global_step": global_step0 + step, "final_checkpoint": str(final) if final else None}

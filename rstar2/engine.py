@@ -61,6 +61,7 @@ class EngineSpec:
     block_size: int | None = None  # KV block (tokens); None: vLLM's default for the platform
     tensor_parallel_size: int = 1  # > 1: vLLM's Ray executor runs one worker per GPU of the engine's bundles
     sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
+    max_num_seqs: int | None = None  # sequences one step may batch (vLLM's max_num_seqs); None: vLLM's default
 
 
 class Backend(Protocol):
@@ -264,6 +265,8 @@ class _VLLMBackend:
             "kv_cache_memory_bytes": spec.kv_cache_bytes}
         if spec.block_size:
             opts["block_size"] = spec.block_size
+        if spec.max_num_seqs:
+            opts["max_num_seqs"] = spec.max_num_seqs
         if current_platform.is_cpu():  # seeded requests need whole prefills there (see the module docstring)
             opts.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, spec.max_model_len))
         self._kv_usage, self._preemptions, self._running, self._waiting = 0.0, 0, 0, 0

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 
 _client: mlflow.MlflowClient | None = None
 EXPERIMENT_KIND = "mlflow.experimentKind"
@@ -152,14 +152,16 @@ def log_params(run_id: str, params: dict) -> None:
         client().log_batch(run_id, params=items[i:i + 100])
 
 
-def log_metrics(run_id: str, metrics: dict, step: int, prefix: str = "") -> None:
+def log_metrics(run_id: str, metrics: dict, step: int, prefix: str = "", tags: dict | None = None) -> None:
+    """The numeric `metrics` at `step` and `tags` on the run, in one write."""
     import time
 
     ts = int(time.time() * 1000)
     items = [Metric(f"{prefix}{k}", float(v), ts, step) for k, v in metrics.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if items:
-        client().log_batch(run_id, metrics=items)
+    run_tags = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    if items or run_tags:
+        client().log_batch(run_id, metrics=items, tags=run_tags)
 
 
 def end(run_id: str, status: str = "FINISHED") -> None:

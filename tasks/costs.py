@@ -1,9 +1,11 @@
-"""What orchestration costs an RL step. Every task body's wall time adds to a running total of work (`work`), the
-MLflow writes inside task bodies to a total of their own (`mlflow`); a step's wall time less its tasks' work is
-what Prefect's task and flow runs cost it (API calls, state changes, parameter handling).
+"""What orchestration costs an RL step. Every task body's wall time adds to a running total of work (`work`); the
+MLflow writes (`mlflow`) and the Prefect API calls our code makes (`prefect`: artifacts) add to totals of their own
+and, made inside a task body, are taken out of its work. A step's wall time less its work is what orchestration cost
+it: the MLflow writes, and the rest is Prefect's (task and flow runs: API calls, state changes, parameter handling;
+our artifact calls).
 
 Tasks run in the flow's process and thread (Prefect 3 runs a sync task where it is called), so one process-wide
-total per kind serves every flow of the process; a step reads the totals before and after itself."""
+total per kind serves every flow of the process; a step reads the totals at its start and its end (`mark`)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import threading
 import time
 from contextlib import contextmanager
 
-_TOTALS = {"work": 0.0, "mlflow": 0.0}
+_TOTALS = {"work": 0.0, "mlflow": 0.0, "prefect": 0.0}
 _LOCK = threading.Lock()
+_IN_WORK = threading.local()  # depth of task bodies running on this thread
 
 
 def _add(kind: str, seconds: float) -> None:
@@ -26,22 +29,36 @@ def work(fn):
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
+        _IN_WORK.depth = getattr(_IN_WORK, "depth", 0) + 1
         try:
             return fn(*args, **kwargs)
         finally:
+            _IN_WORK.depth -= 1
             _add("work", time.perf_counter() - t0)
 
     return timed
 
 
 @contextmanager
-def mlflow():
-    """Around a task's MLflow writes: their time is orchestration, not the step's work."""
+def _orchestration(kind: str):
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        _add("mlflow", time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        _add(kind, took)
+        if getattr(_IN_WORK, "depth", 0):
+            _add("work", -took)
+
+
+def mlflow():
+    """Around MLflow writes: orchestration, not the step's work, wherever they are made."""
+    return _orchestration("mlflow")
+
+
+def prefect():
+    """Around Prefect API calls our code makes (artifacts): orchestration, not the step's work."""
+    return _orchestration("prefect")
 
 
 def snapshot() -> dict[str, float]:
@@ -49,13 +66,18 @@ def snapshot() -> dict[str, float]:
         return dict(_TOTALS)
 
 
-def overhead(wall_s: float, before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """A step's orchestration cost from the totals before and after it:
-        work_s = task bodies' time (MLflow writes included), mlflow_s = MLflow writes' time,
-        prefect_s = wall_s - work_s,  orchestration_overhead_frac = (prefect_s + mlflow_s) / wall_s."""
-    work_s = after["work"] - before["work"]
-    mlflow_s = after["mlflow"] - before["mlflow"]
-    prefect_s = max(0.0, wall_s - work_s)
-    return {"orch_wall_s": wall_s, "orch_work_s": work_s - mlflow_s, "orch_prefect_s": prefect_s,
-            "orch_mlflow_s": mlflow_s,
-            "orchestration_overhead_frac": (prefect_s + mlflow_s) / wall_s if wall_s > 0 else 0.0}
+def mark() -> tuple[float, dict[str, float]]:
+    """Where a step's window begins or ends: the clock and the totals."""
+    return time.perf_counter(), snapshot()
+
+
+def overhead(start: tuple[float, dict[str, float]], end: tuple[float, dict[str, float]]) -> dict[str, float]:
+    """A step's orchestration cost over its window (`mark` at its start and end):
+        work_s = task bodies' time less the orchestration calls in them, mlflow_s = MLflow writes' time,
+        prefect_s = wall_s - work_s - mlflow_s (of which api_s our Prefect API calls),
+        orchestration_overhead_frac = (wall_s - work_s) / wall_s."""
+    wall_s = end[0] - start[0]
+    d = {k: end[1][k] - start[1][k] for k in _TOTALS}
+    return {"orch_wall_s": wall_s, "orch_work_s": d["work"], "orch_mlflow_s": d["mlflow"],
+            "orch_prefect_s": max(0.0, wall_s - d["work"] - d["mlflow"]), "orch_prefect_api_s": d["prefect"],
+            "orchestration_overhead_frac": max(0.0, wall_s - d["work"]) / wall_s if wall_s > 0 else 0.0}

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
 from rstar2 import checkpoint as ckpt
-from rstar2 import health, mining, report, steps, tracking
+from rstar2 import mining, report, steps, tracking
 from rstar2.config import EvalCfg, MiningCfg, RoCCfg, RolloutCfg, RunCfg, SandboxCfg, SchedulerCfg
 from rstar2.controller import Controller
 from rstar2.progress import bar
@@ -113,36 +113,14 @@ def checkpoint(ctl: Controller, update: dict, batch: dict, sandbox: dict, ckpt_d
     with costs.mlflow():
         model_id = tracking.checkpoint_model(experiment_id, mlflow_run_id, path,
                                              {k: v for k, v in meta.items() if k != "metrics"})
-    emit_event("rstar2.checkpoint.committed",
-               resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}.{Path(path).parent.name}."
-                                                f"{Path(path).name}", "rstar2.path": path,
-                         "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
-                         "rstar2.run_dir": str(Path(path).parents[2])},  # <run>/checkpoints/<stage>/step-N
-               payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
+    with costs.prefect():
+        emit_event("rstar2.checkpoint.committed",
+                   resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}.{Path(path).parent.name}."
+                                                    f"{Path(path).name}", "rstar2.path": path,
+                             "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
+                             "rstar2.run_dir": str(Path(path).parents[2])},  # <run>/checkpoints/<stage>/step-N
+                   payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
     return path
-
-
-@task(name="health-check", cache_policy=None)
-@costs.work
-def health_check(rows: list[dict], global_step0: int, stage: str, mlflow_run_id: str) -> list[str] | None:
-    """The stage's last step in one line on the terminal, and the collapse alert (rstar2/health.py) over the stage's
-    history (`rows`: per-step metrics, oldest first, rebuilt from the committed checkpoints on a resumed run).
-    MLflow: metric collapse_alert 0/1 each step; tags alert.collapse / alert.collapse_step name the first step that
-    fired, recomputed from the whole history each time, so a resumed run sets the same ones."""
-    step = global_step0 + rows[-1]["step"]
-    fired = health.collapse_alert(rows)
-    print(f"[{stage}] {health.health_line(rows[-1], step)}", flush=True)
-    if fired:
-        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
-    first = health.first_collapse(rows)
-    with costs.mlflow():
-        tracking.log_metrics(mlflow_run_id, {"collapse_alert": float(fired is not None)}, step)
-        if first:
-            i, what = first
-            first_step = global_step0 + rows[i]["step"]
-            tracking.client().set_tag(mlflow_run_id, "alert.collapse", f"step {first_step}: {'; '.join(what)}")
-            tracking.client().set_tag(mlflow_run_id, "alert.collapse_step", str(first_step))
-    return fired
 
 
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)
@@ -199,8 +177,9 @@ def log_suites(results: dict[str, dict], experiment_id: str, mlflow_run_id: str,
 @costs.work
 def trajectory_samples(scored_uri: str, key: str, seed: int) -> str:
     """A markdown artifact with a few of the step's trajectories: tool calls, tool output, answer, reward."""
-    return str(create_markdown_artifact(report.trajectory_markdown(scored_uri, 3, seed), key=key,
-                                        description="sampled trajectories of the step"))
+    text = report.trajectory_markdown(scored_uri, 3, seed)
+    with costs.prefect():
+        return str(create_markdown_artifact(text, key=key, description="sampled trajectories of the step"))
 
 
 @task(name="mine-hard", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_link_artifact
 
-from rstar2 import tracking
+from rstar2 import health, tracking
 from tasks import costs
 
 
@@ -25,7 +25,8 @@ def open_run(experiment: str, out_dir: str, name: str, key: str, parent_id: str 
         if params:
             tracking.log_params(run_id, params)
     if link_key:
-        create_link_artifact(tracking.ui_url(exp_id, run_id), link_text=f"MLflow: {name}", key=link_key)
+        with costs.prefect():
+            create_link_artifact(tracking.ui_url(exp_id, run_id), link_text=f"MLflow: {name}", key=link_key)
     return exp_id, run_id
 
 
@@ -62,18 +63,32 @@ def end_run(run_id: str, status: str = "FINISHED") -> None:
 
 
 @task(name="log-step", cache_policy=None)
-@costs.work
-def log_step(row: dict, global_step: int, run_id: str, parent_run_id: str, t0: float, before: dict) -> dict:
-    """One RL step in MLflow: its metrics on the stage run (evaluation figures are logged with their checkpoint),
-    the headline ones on the campaign run, then what orchestration cost it (tasks/costs.py) from `t0` (the
-    step's start, time.perf_counter) and the cost totals then; returns those figures."""
-    import time
-
+def log_step(rows: list[dict], global_step0: int, stage: str, run_id: str, parent_run_id: str,
+             since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
+    """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse
+    alert (rstar2/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
+    committed checkpoints on a resumed run). Stage run: the step's metrics (evaluation figures are logged with their
+    checkpoint), collapse_alert 0/1, what orchestration cost the step (tasks/costs.py) and, once the alert fired, the
+    tags alert.collapse / alert.collapse_step naming the first step that fired (recomputed from the whole history
+    each time, so a resumed run sets the same ones). Campaign run: the headline figures.
+    The step's window runs from `since` (costs.mark()) to just before the stage run's write, which therefore counts
+    in the next step's; returns the step's cost figures and that mark. Orchestration itself: no work."""
+    row, step = rows[-1], global_step0 + rows[-1]["step"]
+    fired = health.collapse_alert(rows)
+    print(f"[{stage}] {health.health_line(row, step)}", flush=True)
+    if fired:
+        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
+    tags = {}
+    if first := health.first_collapse(rows):
+        i, what = first
+        tags = {"alert.collapse": f"step {global_step0 + rows[i]['step']}: {'; '.join(what)}",
+                "alert.collapse_step": global_step0 + rows[i]["step"]}
     with costs.mlflow():
-        tracking.log_metrics(run_id, {k: v for k, v in row.items() if k != "step" and not k.startswith("eval_")},
-                             global_step)
         tracking.log_metrics(parent_run_id, {k: row[k] for k in ("reward_mean", "tool_error_rate_pos") if k in row},
-                             global_step)
-    cost = costs.overhead(time.perf_counter() - t0, before, costs.snapshot())
-    tracking.log_metrics(run_id, cost, global_step)  # the one write not counted in it
-    return cost
+                             step)
+    end = costs.mark()
+    cost = costs.overhead(since, end)
+    metrics = {k: v for k, v in row.items() if k != "step" and not k.startswith("eval_")}
+    with costs.mlflow():
+        tracking.log_metrics(run_id, {**metrics, "collapse_alert": float(fired is not None), **cost}, step, tags=tags)
+    return cost, end

@@ -105,19 +105,24 @@ def test_every_step_prints_one_line(table):
     assert all("\n" not in health_line(r, r["step"]) for r in rows(table))
 
 
-def test_health_check_task_prints_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, capsys):
-    """The flow's task, run step by step on COLLAPSE (global steps 100 + stage step): one health line per step, the
-    metric collapse_alert 0/1, the tags naming the first firing; a resumed stage (history rebuilt from the committed
-    manifests, here steps 1-9, then step 10 runs) recomputes the same tags."""
+def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, capsys):
+    """The stage flow's log-step task, run step by step on COLLAPSE (global steps 100 + stage step): one health line
+    per step, the metric collapse_alert 0/1 and the step's metrics on the stage run, the headline on the campaign
+    run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
+    1-9, then step 10 runs) recomputes the same tags."""
     from rstar2 import tracking
-    from tasks.rl import health_check
+    from tasks import costs
+    from tasks.track import log_step
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     exp = tracking.setup("health", str(tmp_path))
-    run_id = tracking.create_run(exp, "stage-s1")
+    campaign = tracking.create_run(exp, "campaign")
+    run_id = tracking.create_run(exp, "stage-s1", campaign)
     h = rows(COLLAPSE)
+    since = costs.mark()
     for i in range(9):
-        health_check.fn(h[:i + 1], 100, "s1", run_id)
+        cost, since = log_step.fn(h[:i + 1], 100, "s1", run_id, campaign, since)
+        assert 0.0 <= cost["orchestration_overhead_frac"] <= 1.0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
     assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.11 -> 0.26",
@@ -126,9 +131,14 @@ def test_health_check_task_prints_logs_and_tags_the_first_alert_again_after_a_re
                         "[s1] ALERT collapse at step 109: format_violation_rate 0.16 -> 0.36; tool_error_rate 0.15 -> 0.40"]
     tags = {"alert.collapse": "step 108: tool_error_rate 0.11 -> 0.26", "alert.collapse_step": "108"}
     tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 8's commit, before tagging
-    assert health_check.fn(h[:10], 100, "s1", run_id) == ["format_violation_rate 0.21 -> 0.51",
-                                                         "tool_error_rate 0.17 -> 0.69"]
-    run = tracking.client().get_run(run_id)
-    assert {k: run.data.tags.get(k) for k in tags} == tags
-    assert [(m.step, m.value) for m in sorted(tracking.client().get_metric_history(run_id, "collapse_alert"),
-                                              key=lambda m: m.step)] == [(100 + s, float(s >= 8)) for s in range(1, 11)]
+    log_step.fn(h[:10], 100, "s1", run_id, campaign, since)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "[s1] ALERT collapse at step 110: format_violation_rate 0.21 -> 0.51; tool_error_rate 0.17 -> 0.69")
+    client = tracking.client()
+    assert {k: client.get_run(run_id).data.tags.get(k) for k in tags} == tags
+    history = lambda run, key: sorted((m.step, m.value) for m in client.get_metric_history(run, key))  # noqa: E731
+    assert history(run_id, "collapse_alert") == [(100 + s, float(s >= 8)) for s in range(1, 11)]
+    assert history(run_id, "tool_error_rate") == [(100 + s, r["tool_error_rate"]) for s, r in enumerate(h[:10], 1)]
+    assert [s for s, _ in history(run_id, "orchestration_overhead_frac")] == list(range(101, 111))
+    assert history(campaign, "reward_mean") == [(100 + s, r["reward_mean"]) for s, r in enumerate(h[:10], 1)]
+    assert "collapse_alert" not in client.get_run(campaign).data.metrics

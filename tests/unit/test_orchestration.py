@@ -1,6 +1,6 @@
 """The orchestration layer's rules and its cost accounting: tasks and flows reach the actors only through the
 Controller (no Ray calls, no dict of actors), and an RL step's orchestration overhead is its wall time less its
-tasks' work, plus their MLflow writes (tasks/costs.py)."""
+tasks' work, the MLflow writes and Prefect API calls made inside them not counting as work (tasks/costs.py)."""
 
 import ast
 import time
@@ -32,28 +32,33 @@ def test_no_task_or_flow_takes_a_dict_of_actors():
                 assert "actors" not in [a.arg for a in node.args.args], f"{path.name}: {node.name}"
 
 
-def test_overhead_is_the_wall_less_the_work_plus_the_mlflow_writes():
-    before = {"work": 10.0, "mlflow": 1.0}
-    after = {"work": 19.0, "mlflow": 1.5}  # 9 s of task bodies, 0.5 s of it MLflow writes
-    cost = costs.overhead(10.0, before, after)
+def test_overhead_is_the_wall_less_the_work():
+    start = (100.0, {"work": 10.0, "mlflow": 1.0, "prefect": 0.5})
+    end = (110.0, {"work": 18.5, "mlflow": 1.5, "prefect": 0.6})  # 8.5 s of work net; 0.5 s MLflow, 0.1 s artifacts
+    cost = costs.overhead(start, end)
     assert cost == pytest.approx({"orch_wall_s": 10.0, "orch_work_s": 8.5, "orch_prefect_s": 1.0,
-                                  "orch_mlflow_s": 0.5, "orchestration_overhead_frac": 0.15})
-    assert costs.overhead(0.0, before, before)["orchestration_overhead_frac"] == 0.0
+                                  "orch_mlflow_s": 0.5, "orch_prefect_api_s": 0.1,
+                                  "orchestration_overhead_frac": 0.15})
+    assert costs.overhead(start, start)["orchestration_overhead_frac"] == 0.0
 
 
-def test_task_bodies_count_as_work_and_mlflow_writes_apart():
+def test_task_bodies_count_as_work_less_the_orchestration_calls_in_them():
     @costs.work
     def body(x):
         with costs.mlflow():
             time.sleep(0.02)
+        with costs.prefect():
+            time.sleep(0.01)
         time.sleep(0.03)
         return x + 1
 
     before = costs.snapshot()
+    with costs.mlflow():  # outside any task body: orchestration only
+        time.sleep(0.01)
     assert body(1) == 2
     after = costs.snapshot()
-    assert after["work"] - before["work"] >= 0.05
-    assert 0.02 <= after["mlflow"] - before["mlflow"] < after["work"] - before["work"]
+    assert 0.03 <= after["work"] - before["work"] < 0.06  # the body's own 0.03 s; with its calls it would be >= 0.06
+    assert 0.03 <= after["mlflow"] - before["mlflow"] < 0.06 and 0.01 <= after["prefect"] - before["prefect"] < 0.04
     with pytest.raises(ZeroDivisionError):  # a failing body is counted too
         costs.work(lambda: 1 / 0)()
     assert costs.snapshot()["work"] > after["work"]
