@@ -1,14 +1,15 @@
 """One RL step as a DAG the Prefect UI draws:
 rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate.
 
-Its tasks run in the stage's flow run (flows/train_stage.py), not in a subflow of their own: a subflow costs ~6
-blocking Prefect API calls per step (its tracking task run, the lookup for an existing one, the flow run and its state
-changes), which was half of what orchestration cost a tiny step (bench/README.md). Nor are they tagged by step: a
-tagged task run asks the server for the tag's concurrency slots first, which stalled some of them ~2 s."""
+Its tasks run in the stage's flow run (flows/train_stage.py), tagged `<stage>-step-<n>`, not in a subflow of their
+own: a subflow costs ~6 blocking Prefect API calls per step (its tracking task run, the lookup for an existing one,
+the flow run and its state changes), which was half of what orchestration cost a tiny step (bench/README.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from prefect import tags
 
 from rstar2.config import RunCfg, StageCfg
 from rstar2.controller import Controller
@@ -19,6 +20,12 @@ from tasks import rl
 def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
             experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""
+    with tags(f"{stage.name}-step-{step}"):
+        return _step(cfg, stage, step, global_step, ctl, world, run_dir, experiment_id, mlflow_run_id, problems_uri)
+
+
+def _step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
+          experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     d = Path(run_dir) / stage.name / f"step-{step:04d}"
     limits = cfg.rollout_for(stage)
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
