@@ -1,15 +1,11 @@
 """One RL step as a DAG the Prefect UI draws:
-rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate.
-
-Its tasks run in the stage's flow run (flows/train_stage.py), tagged `<stage>-step-<n>`, not in a subflow of their
-own: a subflow costs ~6 blocking Prefect API calls per step (its tracking task run, the lookup for an existing one,
-the flow run and its state changes), which was half of what orchestration cost a tiny step (bench/README.md)."""
+rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import tags
+from prefect import flow
 
 from rstar2.config import RunCfg, StageCfg
 from rstar2.controller import Controller
@@ -17,15 +13,12 @@ from flows.evaluate import evaluate_loaded
 from tasks import rl
 
 
+# validate_parameters off: the stage flow passes the typed objects it was itself given (validated once, there);
+# pydantic would re-validate the whole run config at every step
+@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}", validate_parameters=False)
 def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
             experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""
-    with tags(f"{stage.name}-step-{step}"):
-        return _step(cfg, stage, step, global_step, ctl, world, run_dir, experiment_id, mlflow_run_id, problems_uri)
-
-
-def _step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
-          experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
     d = Path(run_dir) / stage.name / f"step-{step:04d}"
     limits = cfg.rollout_for(stage)
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)

@@ -1,6 +1,5 @@
-"""One RL stage: runs RL steps (flows/rl_step.py; their tasks in this flow run) until the stage's curve plateaus or its
-budget is spent (rstar2/transition.py), resuming after the stage's last committed checkpoint, then commits the
-stage's end record with its decision."""
+"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent (rstar2/transition.py),
+resuming after the stage's last committed checkpoint, then commits the stage's end record with its decision."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.settings import temporary_settings
 
 from rstar2 import checkpoint, runstate, transition
 from rstar2.config import RunCfg, StageCfg
@@ -18,6 +18,10 @@ from tasks import costs, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
+# A step's subflow sends no heartbeats of its own: Prefect's heartbeat thread sleeps in whole seconds and is joined
+# when its flow run ends, up to 1 s per flow run (most of what orchestration costs a tiny step otherwise); the stage's
+# flow run around the steps keeps beating for the process.
+STEP_SETTINGS = {"flows.heartbeat_frequency": None}
 
 
 def _key(stage: StageCfg, what: str) -> str:
@@ -50,7 +54,9 @@ def train_stage(cfg: RunCfg, stage: StageCfg, ctl: Controller, world: dict, run_
     decision = transition.decide(history(), step, stage.steps, stage.plateau)
     since = costs.mark()  # a step's orchestration cost is measured over its window (track.log_step)
     while not decision.advance:
-        res = rl_step(cfg, stage, step, global_step0 + step, ctl, world, run_dir, experiment_id, run_id, problems_uri)
+        with temporary_settings(updates=STEP_SETTINGS):
+            res = rl_step(cfg, stage, step, global_step0 + step, ctl, world, run_dir, experiment_id, run_id,
+                          problems_uri)
         res["step_s"] = time.perf_counter() - since[0]
         step += 1
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})

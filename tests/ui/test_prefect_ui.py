@@ -68,12 +68,12 @@ def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server, chromium, sho
     url, _ = server
     with SyncPrefectClient(f"{url}/api") as client:
         campaign = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["tiny"])))
-        stage = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1"])))
-    assert campaign and campaign[0].state.is_completed() and stage  # its graph: the RL steps' tasks
+        step = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-step-0"])))
+    assert campaign and campaign[0].state.is_completed() and step
     dom = chromium(f"{url}/runs/flow-run/{campaign[0].id}", "--dump-dom")
     assert "Completed" in dom and "tiny" in dom
-    dom = chromium(f"{url}/runs/flow-run/{stage[0].id}", "--dump-dom")
-    assert "stage1" in dom
-    chromium(f"{url}/runs/flow-run/{stage[0].id}", f"--screenshot={shots / 'rl-step-dag.png'}")
+    dom = chromium(f"{url}/runs/flow-run/{step[0].id}", "--dump-dom")
+    assert "stage1-step-0" in dom
+    chromium(f"{url}/runs/flow-run/{step[0].id}", f"--screenshot={shots / 'rl-step-dag.png'}")
     chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={shots / 'campaign.png'}")
     assert (shots / "rl-step-dag.png").stat().st_size > 10_000
