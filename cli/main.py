@@ -148,7 +148,8 @@ def plan_tables(res: dict, preset: str) -> list[Table]:
 
 
 @app.command()
-def ablation(preset: str = typer.Option("tiny", help="preset name or YAML path"),
+def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YAML path (default: the tiny world "
+                                                                "where the policy recovers from tool errors)"),
              variants: str = typer.Option("roc,plain-grpo", help="comma-separated: roc, plain-grpo, overlong-filter, "
                                                                   "no-tool"),
              set_: list[str] = typer.Option([], "--set", help="override applied to every variant"),

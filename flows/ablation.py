@@ -24,7 +24,7 @@ from tasks.reports import ablation_report
 
 class AblationParams(BaseModel):
     """The run form: the variants to compare (see rstar2/ablations.py) on a preset."""
-    preset: str = "tiny"
+    preset: str = "tiny-recovery"  # the tiny world where the policy recovers from tool errors: RoC has them to act on
     variants: list[str] = ["roc", "plain-grpo"]
     overrides: list[str] = []
     name: str = "ablation"  # run directories are <name>-<variant>

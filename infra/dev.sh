@@ -214,7 +214,7 @@ case "$cmd" in
   env) ensure_env ;;
   campaign) ensure_env; exec "$venv/bin/rstar2" campaign --preset tiny "$@" ;;
   test) ensure_env; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  ablation) ensure_env; exec "$venv/bin/rstar2" ablation --preset tiny "$@" ;;
+  ablation) ensure_env; exec "$venv/bin/rstar2" ablation --preset tiny-recovery "$@" ;;
   serve) ensure_env; exec "$venv/bin/rstar2" serve "$@" ;;
   ui-test)
     ensure_env

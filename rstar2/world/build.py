@@ -55,7 +55,8 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
         splits[split].write_parquet(out / f"{key}.parquet")
-    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac, cfg.sft.mix_by_kind)
+    sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac, cfg.sft.mix_by_kind,
+                         cfg.rollout.tool_response_chars)
     if not cfg.sft.data:
         transcripts.write(sft, paths["sft_data"])
     chat = ChatFormat.from_template(tokenizer.CHAT_TEMPLATE, tokenizer.SPECIAL_TOKENS, "the tiny world's template")

@@ -53,6 +53,32 @@ def test_noise_modes(prob):
     assert None in extracted and prob["answer"] in extracted  # some slips lose the reward, "twice" keeps it
 
 
+def test_recover_transcripts_fail_then_fix_through_the_real_sandbox(service):
+    """Every problem kind's recover transcript: its first call fails in the real sandbox (status error) and the
+    tool reply SFT shows is the one the rollout makes of that result (same cap), the reflection names the mistake,
+    and the second call is the solution, which succeeds and prints the answer."""
+    from rstar2.sandbox import ExecRequest
+    from rstar2.tool_parser import format_tool_response
+
+    cap = 256  # rollout.tool_response_chars of the tiny presets
+    probs = problems.generate(1, {"test": 2 * len(problems.KINDS)})["test"]
+    assert set(probs["source"]) == set(problems.KINDS)
+    for p in probs.iter_rows(named=True):
+        msgs = sft_data.transcript(p["prompt"], p["answer"], p["solution_code"], "recover", random.Random(0),
+                                   tool_chars=cap)
+        calls = [m["tool_calls"][0]["function"]["arguments"]["code"] for m in msgs if m.get("tool_calls")]
+        replies = [m["content"] for m in msgs if m["role"] == "tool"]
+        assert calls[1] == p["solution_code"] and calls[0] == calls[1].replace("print(", "prnt(", 1)
+        results = [service.run(ExecRequest(c)) for c in calls]
+        assert [r.status for r in results] == ["error", "ok"] and results[1].stdout == p["answer"] + "\n"
+        assert replies[0] == format_tool_response(results[0], cap), p["source"]
+        assert replies[0].endswith("NameError: name 'prnt' is not defined\n")
+        reflection = [m["content"] for m in msgs if m["role"] == "assistant"][1]
+        assert reflection.startswith("\nThe code failed: prnt is not defined.")
+        assert reward.extract_answer(msgs[-1]["content"]) == p["answer"]
+        assert [roc.p_err([r.status for r in results]), roc.count_answer_blocks(msgs[-1]["content"])] == [0.5, (1, False)]
+
+
 def test_mix_is_respected_and_validated():
     probs = problems.generate(0, {"sft": 400})["sft"]
     df = _modes(sft_data.build(probs, {"clean": 3, "no_tool": 1}, seed=0))
