@@ -63,10 +63,11 @@ pip_install() {
 }
 
 # The values of one of pip's settings (index-url, extra-index-url, find-links) over every scope of its configuration
-# (files and PIP_* variables), one per line, in order, without repeats.
+# (files and PIP_* variables), one per line, in order, without repeats; nothing (and success) when it is not set, so
+# a caller under `set -e` goes on to the next setting.
 pip_config() {
-  python3 -m pip config list 2>/dev/null | grep -E "^[^=]*\.$1=" | sed -E "s/^[^=]*='(.*)'$/\1/" | tr ' ' '\n' |
-    awk 'NF && !seen[$0]++'
+  { python3 -m pip config list 2>/dev/null || true; } | { grep -E "^[^=]*\.$1=" || true; } |
+    sed -E "s/^[^=]*='(.*)'$/\1/" | tr ' ' '\n' | awk 'NF && !seen[$0]++'
 }
 
 as_root=(); [[ "$(id -u)" == 0 ]] || as_root=(sudo)  # CI may run as a user with sudo
