@@ -178,7 +178,7 @@ build_images() {
       "$venv/bin/python" infra/docker/stage_packages.py "$staged" "$base_python" "$@" >&2
     fi
     echo "[rstar2] building $image on $base" >&2
-    docker build --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
+    docker build --force-rm --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
       -f "infra/docker/Dockerfile.$file" -t "$image" . \
       >"$root/.rstar2/build-${image%%:*}.log" || { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; exit 1; }
   done
