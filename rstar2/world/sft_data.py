@@ -5,8 +5,9 @@ after a traceback, or slips on the answer format. That noise is what GRPO-RoC ex
 configurable. Two buggy modes: `buggy_fix` (the `tiny` preset's: its tool reply is the error's last line alone, which
 the sandbox never sends, and the model SFT'd on it does not recover in RL) and `recover` (a typo'd `print`, answered
 with the very failure reply the sandbox sends for it, traceback included; the reflection names the mistake and the
-next call fixes it: the recovery that the `tiny-recovery` preset's RL acts on). Each transcript is a conversation in the common messages layout (system, user, assistant with
-`tool_calls`, tool), rendered for SFT with the world's chat template like any model's (rstar2.chat, rstar2.sft).
+next call fixes it: the recovery that the `tiny-recovery` preset's RL acts on). Each transcript is a conversation in
+the common messages layout (system, user, assistant with `tool_calls`, tool), rendered for SFT with the world's chat
+template like any model's (rstar2.chat, rstar2.sft).
 """
 
 from __future__ import annotations
