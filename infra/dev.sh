@@ -21,7 +21,7 @@ ensure_env() {
   # relative names: the stamp depends on the files' contents, not on where the checkout lives
   local want; want="$(sha256sum infra/requirements-cpu.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
-  echo "[rstar2] creating $venv from $lock (uv: well under a minute on an idle machine; pip: 2-3 minutes)" >&2
+  echo "[rstar2] creating $venv from $lock (uv: about 1.5 minutes on an idle machine; pip: 2-3 minutes)" >&2
   local log="$root/.rstar2/pip-install.log"
   mkdir -p "$root/.rstar2"
   rm -f "$stamp"
