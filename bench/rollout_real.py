@@ -63,7 +63,7 @@ def _one_config(cfg: RunCfg, model_dir: str, chat, problems: list[dict], samples
         names = ctl.engines  # the engine actors' handles
         est = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
         runs, raws = [], []
-        sb = steps.sandbox(cfg.sandbox)  # the process's shared service (closed at exit): every config reuses it
+        sb = ctl.sandbox(cfg.sandbox)
         _raw_generate(names, cfg, chat, problems[:2], 2, lim)  # engines warm
         warm, _ = AgentLoop(engines, cfg.scheduler, sb, chat, lim, "kv_aware", est).run(problems, samples,
                                                                                       SEED)  # warm-up, not counted

@@ -25,7 +25,7 @@ def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Cont
     rolled = rl.rollout(ctl, world["init_model"], problems_uri, step, stage.prompts_per_step, samples, limits,
                         cfg.sandbox, cfg.rl_seed, cfg.world.max_positions, str(d / "rollouts.parquet"), cfg.scheduler,
                         cfg.trainer.engine_logprobs)
-    scored = rl.score(rolled["uri"], cfg.sandbox, str(d / "scored.parquet"))
+    scored = rl.score(ctl, rolled["uri"], cfg.sandbox, str(d / "scored.parquet"))
     sandbox = rl.sandbox_stats(scored)
     kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.rl_seed * 100_003 + global_step,
                          str(d / "kept.parquet"))

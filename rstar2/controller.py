@@ -1,5 +1,6 @@
 """The controller: the one object in the driver (the Prefect flow process) that owns a run's Ray actors (the vLLM
-engines and the trainer), kv_aware's length estimator and weight sync. A flow gets it from tasks.run.run_context and
+engines and the trainer), its sandbox (rstar2.sandbox.backends: a service in this process, servers, a Ray actor
+group or a container), kv_aware's length estimator and weight sync. A flow gets it from tasks.run.run_context and
 hands it to every subflow and task; tasks call its methods and never Ray.
 
 Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
@@ -12,6 +13,7 @@ placement.colocate the engines sleep during each update so the trainer ranks on 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -20,10 +22,12 @@ import ray
 from rstar2 import cluster, placement
 from rstar2.chat import ChatFormat
 from rstar2.cluster import EngineClient
-from rstar2.config import RunCfg
+from rstar2.config import RunCfg, SandboxCfg
 from rstar2.engine import EngineActor, EngineSpec, sleep_mode_available
 from rstar2.agent_loop import EngineSet
 from rstar2.estimator import LengthEstimator
+from rstar2.reward import Verifier
+from rstar2.sandbox.backends import Backend, connect
 from rstar2.trainer import PolicyTrainer
 from rstar2.trainer_group import TrainerGroup
 
@@ -35,8 +39,9 @@ def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
 class Controller:
     """A run's engines and trainer, started by `start` (once the flow knows the model they load) and stopped by
     `stop`. Engines: `engine_clients` (the agent loop's view of them), `sync_weights`. Trainer: `update`, `save`,
-    `restore`, `reset_optimizer`, `restart_trainer`. `estimator` is kv_aware's length model, carried from step to
-    step of the run (a resumed run starts again from the prior).
+    `restore`, `reset_optimizer`, `restart_trainer`. Sandbox: `sandbox` and `verifier` (started on first use, its
+    warm executors shared by every rollout and reward check of the run, closed at `stop`). `estimator` is
+    kv_aware's length model, carried from step to step of the run (a resumed run starts again from the prior).
 
     Prefect records a flow's parameters as JSON: `dict(controller)` is its identity (run id and actor names), so
     that is what the UI shows for it, never the handles."""
@@ -51,6 +56,8 @@ class Controller:
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
+        self._sandboxes: dict[str, Backend] = {}  # by the config's JSON: one service per sandbox config
+        self._sandbox_lock = threading.Lock()  # tasks may ask from several threads at once
 
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
@@ -113,10 +120,28 @@ class Controller:
     def stop(self) -> None:
         for handle in self.engines + [self.trainer]:
             _kill(handle)
+        with self._sandbox_lock:
+            for sb in self._sandboxes.values():
+                sb.close()
+            self._sandboxes = {}
         self.engines, self.trainer, self.loaded, self._engine_info = [], None, None, []
         if self.placement is not None:
             self.placement.remove()
             self.placement = None
+
+    # --- sandbox
+
+    def sandbox(self, cfg: SandboxCfg) -> Backend:
+        """The run's sandbox for `cfg`, connected (or its local service started) on first use."""
+        key = cfg.model_dump_json()
+        with self._sandbox_lock:
+            if key not in self._sandboxes:
+                self._sandboxes[key] = connect(cfg)
+            return self._sandboxes[key]
+
+    def verifier(self, cfg: SandboxCfg) -> Verifier:
+        """The outcome reward check (Math-Verify in the sandbox)."""
+        return Verifier(self.sandbox(cfg), timeout_s=cfg.verify_timeout_s)
 
     # --- engines
 

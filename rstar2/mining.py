@@ -11,8 +11,10 @@ import polars as pl
 
 from rstar2 import steps
 from rstar2.agent_loop import EngineSet
-from rstar2.config import MiningCfg, RolloutCfg, SandboxCfg, SchedulerCfg
+from rstar2.config import MiningCfg, RolloutCfg, SchedulerCfg
 from rstar2.data.schema import validate
+from rstar2.reward import Verifier
+from rstar2.sandbox.backends import Backend
 
 
 def candidates(train_uri: str, max_problems: int | None, seed: int) -> pl.DataFrame:
@@ -37,7 +39,7 @@ def hard_set(problems: pl.DataFrame, scored: pl.DataFrame, k: int) -> tuple[pl.D
 
 
 def mine(engines: EngineSet, sched_cfg: SchedulerCfg, checkpoint: str, train_uri: str, cfg: MiningCfg,
-         limits: RolloutCfg, sandbox_cfg: SandboxCfg, max_model_len: int, out_dir: str, seed: int,
+         limits: RolloutCfg, sandbox: Backend, check: Verifier, max_model_len: int, out_dir: str, seed: int,
          on_done=None) -> dict:
     """Roll out k samples per candidate through the agent loop on `engines` (they hold `checkpoint`), write
     hard.parquet and lineage.json under out_dir; returns the lineage (with the URIs)."""
@@ -48,8 +50,8 @@ def mine(engines: EngineSet, sched_cfg: SchedulerCfg, checkpoint: str, train_uri
     limits = limits.model_copy(update={"temperature": cfg.temperature})
     info = steps.rollout_to_parquet(engines, sched_cfg, checkpoint,
                                     problems.select("problem_id", "prompt", "answer").to_dicts(), cfg.k, limits,
-                                    sandbox_cfg, rolled, max_model_len, on_done, seed=f"mine/{seed}")
-    steps.score(rolled, sandbox_cfg, rolled)
+                                    sandbox, rolled, max_model_len, on_done, seed=f"mine/{seed}")
+    steps.score(rolled, check, rolled)
     hard, counts = hard_set(problems, pl.read_parquet(rolled), cfg.k)
     if hard.height == 0:
         raise ValueError(f"mining found no hard problem: the policy solved all {problems.height} candidates {cfg.k}/{cfg.k}")

@@ -6,6 +6,8 @@ and output, and at the end the final answer and, given the gold answer, the rewa
 from __future__ import annotations
 
 from rstar2 import steps
+from rstar2.reward import Verifier
+from rstar2.sandbox.backends import connect
 from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
@@ -26,21 +28,24 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
     limits = RolloutLimits(max_turns or cfg.eval.max_turns, cfg.eval.max_response_tokens,
                            cfg.rollout.tool_response_chars, cfg.world.max_positions)
     t = cfg.eval.temperature if temperature is None else temperature
-    sandbox = steps.sandbox(cfg.sandbox) if cfg.rollout.tool_enabled else steps.ToolDisabled()
+    sandbox = connect(cfg.sandbox)  # the tool's and the reward check's
     engine = VLLMEngine(EngineSpec(model_dir=path, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                                    kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
                                    gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                    block_size=cfg.engine.block_size))
     try:
         client = engine.client(t, cfg.rollout.top_p)
-        loop = AgentLoop(EngineSet([client], [client.capacity]), cfg.scheduler, sandbox, chat, limits)
+        tool = sandbox if cfg.rollout.tool_enabled else steps.ToolDisabled()
+        loop = AgentLoop(EngineSet([client], [client.capacity]), cfg.scheduler, tool, chat, limits)
         (traj,), _ = loop.run([{"problem_id": "solve", "prompt": problem, "answer": answer or ""}], 1, seed)
+        final = traj.assistant_turns[-1]
+        reward = None
+        if answer is not None:
+            reward = Verifier(sandbox, timeout_s=cfg.sandbox.verify_timeout_s).score([final], [answer],
+                                                                                   [traj.truncated])[0]
     finally:
         engine.close()
-    final = traj.assistant_turns[-1]
-    reward = None
-    if answer is not None:
-        reward = steps.verifier(cfg.sandbox).score([final], [answer], [traj.truncated])[0]
+        sandbox.close()
     return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed, "turns": turns(traj, chat),
             "final_answer": extract_answer(final), "reward": reward, "truncated": traj.truncated,
             "response_tokens": len(traj.response_ids)}

