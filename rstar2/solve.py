@@ -6,16 +6,15 @@ and output, and at the end the final answer and, given the gold answer, the rewa
 from __future__ import annotations
 
 from rstar2 import steps
-from rstar2.reward import Verifier
-from rstar2.sandbox.backends import connect
 from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
 from rstar2.engine import EngineSpec, VLLMEngine
 from rstar2.export import model_dir as check_model_dir
-from rstar2.reward import extract_answer
+from rstar2.reward import Verifier, extract_answer
 from rstar2.rollout import RolloutLimits, Trajectory
 from rstar2.sandbox import ExecRequest
+from rstar2.sandbox.backends import connect
 from rstar2.tool_parser import parse_tool_calls, tool_call_to_request
 
 
