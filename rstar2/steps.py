@@ -52,12 +52,12 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 
 
 def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
-                       n_samples: int, limits: RolloutCfg, sandbox: Backend | None, out_uri: str,
+                       n_samples: int, limits: RolloutCfg, sandbox: Backend, out_uri: str,
                        max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
                        seed: int | str | None = None) -> dict:
     """Roll out through the agent loop (rstar2.agent_loop) on `engines` and write the table; on_done(finished,
-    total) after each trajectory. `sandbox` runs the tool calls (None, or limits.tool_enabled off: every call is
-    refused, ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
+    total) after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is
+    refused: ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
     one from its prior). `seed`: every trajectory-turn samples from a seed of its own
     (rstar2.rollout.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
     scheduling. Returns the rollout's figures and scheduling metrics."""

@@ -61,10 +61,9 @@ def rollout(ctl: Controller, tokenizer_dir: str, problems_uri: str, step: int, p
     engines = ctl.engine_clients(limits.temperature, limits.top_p, logprobs)
     problems = steps.select_prompts(problems_uri, step, prompts, seed)
     with bar(f"rollout step {step + 1}") as progress:
-        sandbox = ctl.sandbox(sandbox_cfg) if limits.tool_enabled else None
-        info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits, sandbox, out_uri,
-                                        max_model_len, on_done=progress, estimator=ctl.estimator,
-                                        seed=f"{seed}/step{step}")
+        info = steps.rollout_to_parquet(engines, sched_cfg, tokenizer_dir, problems, samples, limits,
+                                        ctl.sandbox(sandbox_cfg), out_uri, max_model_len, on_done=progress,
+                                        estimator=ctl.estimator, seed=f"{seed}/step{step}")
     return {"uri": out_uri, **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
 
