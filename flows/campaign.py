@@ -81,7 +81,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     with run_context(cfg, run, run.name, tags, owns_run=True, link_key="campaign-mlflow", params=cfg.model_dump(),
                      set_tags={"seeds": params.seeds}) as ctx:  # a tag, not a param: a re-run may add seeds
         ctl, world, exp_id, run_id = ctx.ctl, ctx.world, ctx.experiment_id, ctx.mlflow_run_id
-        sft_model = _sft_model(cfg, params, ctl, world, run)
+        sft_model = _sft_model(cfg, params, world, run)
         by_seed = []
         for i, cfg_s in enumerate(seeds):
             d = runstate.seed_dir(run, cfg_s.rl_seed, params.seeds)
@@ -116,16 +116,14 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         return summary
 
 
-def _sft_model(cfg: RunCfg, params: CampaignParams, ctl: Controller, world: dict, run: Path) -> str:
+def _sft_model(cfg: RunCfg, params: CampaignParams, world: dict, run: Path) -> str:
     """The model RL starts from: the given committed SFT checkpoint, else this run's SFT (trained once), else the
-    world's initial model when SFT is off. An SFT to train has the engines spawned first: they start meanwhile."""
+    world's initial model when SFT is off."""
     if params.sft_checkpoint:
         if not checkpoint.is_committed(Path(params.sft_checkpoint)):
             raise ValueError(f"sft_checkpoint {params.sft_checkpoint} is not a committed checkpoint")
         return params.sft_checkpoint
     if cfg.sft.enabled:
-        if not checkpoint.is_committed(run / "sft"):  # the engines start in the SFT's shadow, from the initial model
-            rl.spawn_engines(ctl, cfg, world["init_model"])
         return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
     return world["init_model"]
 

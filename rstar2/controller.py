@@ -54,7 +54,6 @@ class Controller:
         self.loaded: str | None = None  # the weights every engine holds now
         self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
-        self._engines_up: tuple[list, str] | None = None  # spawned engines' info refs and their model, until started
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
         self._sandboxes: dict[str, Backend] = {}  # by the config's JSON: one service per sandbox config
@@ -70,13 +69,11 @@ class Controller:
     def __repr__(self) -> str:
         return f"Controller({self.identity()})"
 
-    def spawn_engines(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
-        """Start the engines from `model_dir` without waiting for them (kept once started): a campaign spawns them
-        from the world's initial model before its SFT, so their start (Ray, vLLM's imports and KV allocation, at the
-        workers' low CPU priority) runs in the SFT's shadow; `start` waits for them and loads the SFT weights. The
-        placement groups (the trainer's too, unless evaluating only) are reserved here. A model whose chat template
-        cannot run the agent loop is refused before any actor starts (rstar2.chat.ChatTemplateError), and so is
-        placement.colocate where vLLM has no sleep mode."""
+    def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
+        """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
+        already alive under its name is taken over. A model whose chat template cannot run the agent loop is
+        refused here, before any actor starts (rstar2.chat.ChatTemplateError), and so is placement.colocate where
+        vLLM has no sleep mode."""
         ChatFormat.load(model_dir)
         if cfg.placement.colocate and not sleep_mode_available():
             raise RuntimeError("placement.colocate needs vLLM's sleep mode (engines free the GPUs during the update), "
@@ -85,33 +82,25 @@ class Controller:
         if self.placement is None:
             self.placement = placement.reserve(cfg, _on_gpus(cfg), self.run_id, with_trainer)
             self.colocate = cfg.placement.colocate
-        if not self.engines:
-            engine_names, _ = actor_names(self.run_id, cfg.engine.num_engines)
-            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
-                            for i, n in enumerate(engine_names)]
-            self._engines_up = ([e.info.remote() for e in self.engines], model_dir)
-
-    def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
-        """The engines (kept once started) and, unless evaluating only, the trainer, all serving `model_dir` when it
-        returns; an actor already alive under its name is taken over. Engines spawned earlier from another model
-        (`spawn_engines`) are waited for and reload `model_dir`. Refused as in `spawn_engines`."""
-        self.spawn_engines(cfg, model_dir, with_trainer)
         if with_trainer:
             self.placement.add_trainer(cfg, self.run_id)
         self.weight_sync = cfg.trainer.weight_sync
-        _, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
-        # the trainer starts while the engines finish theirs (each start is mostly one process importing and
-        # loading), then both are waited for
-        trainer_up = None
+        engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
+        # engines and trainer start side by side (each start is mostly one process importing and loading), then
+        # both are waited for
+        engines_up = trainer_up = None
+        if not self.engines:
+            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
+                            for i, n in enumerate(engine_names)]
+            engines_up = [e.info.remote() for e in self.engines]
         if with_trainer and self.trainer is None:
             self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
             trainer_up = self.trainer.__ray_ready__.remote()
-        if self._engines_up is not None:
-            refs, spawned_from = self._engines_up
-            self._engine_info, self.loaded, self._engines_up = ray.get(refs), spawned_from, None
+        if engines_up is not None:
+            self._engine_info = ray.get(engines_up)
+            self.loaded = model_dir
         if trainer_up is not None:
             ray.get(trainer_up)
-        self.sync_weights(model_dir)
         if self.estimator is None:
             self.estimator = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
 
@@ -135,7 +124,7 @@ class Controller:
             for sb in self._sandboxes.values():
                 sb.close()
             self._sandboxes = {}
-        self.engines, self.trainer, self.loaded, self._engine_info, self._engines_up = [], None, None, [], None
+        self.engines, self.trainer, self.loaded, self._engine_info = [], None, None, []
         if self.placement is not None:
             self.placement.remove()
             self.placement = None

@@ -27,14 +27,6 @@ def _retry_transient(task, task_run, state) -> bool:
     return False
 
 
-@task(name="spawn-engines", cache_policy=None)
-@costs.work
-def spawn_engines(ctl: Controller, cfg: RunCfg, model_dir: str) -> dict:
-    """The run's engines start from `model_dir` while the flow goes on (start_actors waits for them)."""
-    ctl.spawn_engines(cfg, model_dir)
-    return ctl.identity()
-
-
 @task(name="start-actors", cache_policy=None)
 @costs.work
 def start_actors(ctl: Controller, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> dict:

@@ -143,21 +143,6 @@ def test_start_names_the_actors_by_run_and_takes_over_live_ones(fake_ray):
     assert dict(evaluator)["trainer"] is None and fake_ray.spawned[-1] == "run-eval-engine-1"
 
 
-def test_engines_spawned_before_the_sft_serve_the_sft_model_once_started(fake_ray):
-    """A campaign spawns the engines from the initial model before its SFT; start (after it) spawns only the trainer,
-    from the SFT model, and the engines reload the SFT weights once."""
-    ctl = Controller("run")
-    ctl.spawn_engines(_cfg(), "/m/init")
-    assert fake_ray.spawned == ["run-engine-0", "run-engine-1"] and ctl.loaded is None
-    ctl.start(_cfg(), "/m/sft")
-    assert fake_ray.spawned == ["run-engine-0", "run-engine-1", "run-trainer"]
-    assert [h.obj.spec.model_dir for h in ctl.engines] == ["/m/init"] * 2
-    assert [h.obj.loads for h in ctl.engines] == [["/m/sft"]] * 2 and ctl.loaded == "/m/sft"
-    assert ctl.trainer.obj.model_dir == "/m/sft"
-    ctl.start(_cfg(), "/m/sft")  # started already: nothing spawned or reloaded
-    assert len(fake_ray.spawned) == 3 and [h.obj.loads for h in ctl.engines] == [["/m/sft"]] * 2
-
-
 def test_sync_weights_reaches_every_engine_once_per_model(fake_ray):
     ctl = Controller("run")
     ctl.start(_cfg(), "/m/sft")
