@@ -18,7 +18,12 @@ out of the ratios. Every run starts with empty prefix caches (the prompts are th
 are new). A first, uncounted kv_aware batch warms the engines, the sandbox and kv_aware's length estimator (in the
 RL loop it learns from the previous steps; here from the rounds so far), and gives the replay its turns. Two KV
 sizes: the configured one, and a tight one where the batch's working set does not fit (there the
-placement decides how much KV is recomputed after preemptions)."""
+placement decides how much KV is recomputed after preemptions).
+
+Where the CPU goes: every agent run and replay also records the CPU seconds each role spent meanwhile (`cpu_s`):
+this driver (the agent loop and the in-process sandbox service), the engine actors, the sandbox's zygotes with
+the tool calls they fork, and the rest of the machine (Ray's daemons, other tenants). On a machine whose cores the
+engines fill, the loop's own CPU is what it costs against the replay."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import statistics
 import time
 
 import polars as pl
+import psutil
 import ray
 
 from rstar2 import rollout, steps
@@ -74,18 +80,45 @@ def _one_config(cfg: RunCfg, model_dir: str, chat, problems: list[dict], samples
                 _cold(names)
                 raws.append(_raw_generate(names, cfg, chat, problems, samples, lim))  # paired: the load of the moment
                 _cold(names)
-                replays.append(_replay(names, cfg, chains))
+                replays.append(_cpu_of(_replay, names, cfg, chains))
                 _cold(names)
-                run = _scheduled(engines, cfg, sb, chat, problems, samples, lim, policy,
-                                 est if policy == "kv_aware" else None)
+                run = _cpu_of(_scheduled, engines, cfg, sb, chat, problems, samples, lim, policy,
+                              est if policy == "kv_aware" else None)
                 runs.append({"round": r, **run, "vs_raw_generate": run["tokens_per_s"] / raws[-1]["tokens_per_s"],
-                             "vs_replay": run["tokens_per_s"] / replays[-1]["tokens_per_s"]})
+                             "vs_replay": run["tokens_per_s"] / replays[-1]["tokens_per_s"],
+                             "replay_cpu_s": replays[-1]["cpu_s"]})
         return {"kv_cache_mb": cfg.engine.kv_cache_mb, "kv_capacity_tokens": engines.capacities, "raw_generate": raws,
                 "raw_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in raws), "replay": replays,
                 "replay_tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in replays),
                 "runs": runs, "policies": _summarize(runs, policies)}
     finally:
         ctl.stop()
+
+
+ROLES = ("driver", "engines", "sandbox", "other")
+
+
+def _cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of every process on the machine, by role (see the module docstring); a process's reaped
+    children count with it (a zygote's forked tool calls)."""
+    me, out = os.getpid(), dict.fromkeys(ROLES, 0.0)
+    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        t = proc.info["cpu_times"]
+        if t is None:
+            continue
+        cmd = " ".join(proc.info["cmdline"] or [])
+        role = ("driver" if proc.info["pid"] == me else "engines" if "EngineActor" in cmd
+                else "sandbox" if "zygote.py" in cmd else "other")
+        out[role] += t.user + t.system + t.children_user + t.children_system
+    return out
+
+
+def _cpu_of(measure, *args) -> dict:
+    """`measure(*args)`'s record with the CPU seconds each role spent while it ran."""
+    before = _cpu_by_role()
+    rec = measure(*args)
+    after = _cpu_by_role()
+    return {**rec, "cpu_s": {k: round(after[k] - before[k], 3) for k in ROLES}}
 
 
 def _cold(names: list) -> None:
@@ -135,6 +168,8 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
                     "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls")),
                     "peak_inflight": int(statistics.median(max(r["peak_inflight"]) for r in rs)),
                     "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs)),
+                    "cpu_s": {k: round(statistics.median(r["cpu_s"][k] for r in rs), 2) for k in ROLES},
+                    "replay_cpu_s": {k: round(statistics.median(r["replay_cpu_s"][k] for r in rs), 2) for k in ROLES},
                     **({"kv_aware_ratio": round(statistics.median(vs_kv), 3), "kv_aware_ratio_min": round(min(vs_kv), 3),
                         "kv_aware_ratio_max": round(max(vs_kv), 3),
                         "kv_aware_faster_rounds": sum(x < 1 for x in vs_kv)} if vs_kv else {})})

@@ -613,6 +613,11 @@ _REAL_COLS = {"policy": lambda r: r["policy"],
               "in flight": lambda r: str(r["peak_inflight"])}
 
 
+def _cpu(by_role: dict) -> str:
+    """A run's CPU seconds: driver / engines / sandbox."""
+    return "/".join(f"{by_role[k]:.1f}" for k in ("driver", "engines", "sandbox"))
+
+
 def _real_table(res: dict, c: dict) -> Table:
     """One KV configuration of the real rollout bench, per policy."""
     table = Table(title=f"real rollout: {res['engines']} vLLM engines, {res['prompts']}x{res['samples']}, KV "
@@ -624,6 +629,8 @@ def _real_table(res: dict, c: dict) -> Table:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in c["policies"]:
         table.add_row(*[f(r) for f in _REAL_COLS.values()])
+    table.caption = "CPU s per batch, driver/engines/sandbox (its replay's): " + ", ".join(
+        f"{r['policy']} {_cpu(r['cpu_s'])} ({_cpu(r['replay_cpu_s'])})" for r in c["policies"])
     return table
 
 

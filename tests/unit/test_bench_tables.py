@@ -9,7 +9,9 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
     pol = {"policy": "kv_aware", "makespan_s": 4.89, "makespan_min_s": 4.42, "makespan_max_s": 5.19,
            "tokens_per_s": 1837.2, "vs_raw_generate": 0.548, "vs_raw_generate_min": 0.532, "vs_raw_generate_max": 0.605,
            "vs_replay": 0.81, "vs_replay_min": 0.77, "vs_replay_max": 0.93,
-           "preemptions": 1.5, "kv_usage_max": 0.669, "peak_inflight": 44, "peak_waiting_in_vllm": 0, "tool_calls": 156}
+           "preemptions": 1.5, "kv_usage_max": 0.669, "peak_inflight": 44, "peak_waiting_in_vllm": 0, "tool_calls": 156,
+           "cpu_s": {"driver": 0.41, "engines": 6.93, "sandbox": 0.52, "other": 0.1},
+           "replay_cpu_s": {"driver": 0.02, "engines": 6.5, "sandbox": 0.0, "other": 0.1}}
     res = {"engines": 2, "prompts": 16, "samples": 16, "rounds": 3, "load_avg_start": (1.0, 1.0, 1.0)}
     cfg = {"kv_capacity_tokens": [4096, 4096], "raw_tokens_per_s_median": 3346.0, "replay_tokens_per_s_median": 2210.4,
            "policies": [pol, {**pol, "policy": "round_robin", "preemptions": 95, "kv_aware_ratio": 1.214,
@@ -25,23 +27,27 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
     title = " ".join(line.strip() for line in lines[:2])
     assert "KV [4096, 4096] tokens/engine" in title and "raw generate 3346" in title and "replay 2210" in title
     assert "156 tool calls per batch" in title
+    caption = " ".join(line.strip() for line in lines[lines.index(next(x for x in lines if x.startswith("└"))) + 1:])
+    assert "kv_aware 0.4/6.9/0.5 (0.0/6.5/0.0)" in caption  # where the CPU went: driver/engines/sandbox (replay)
 
 
 def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
     """kv_aware's makespan over each other policy's in the same round (load changes between rounds cancel): the
     median, range and the rounds kv_aware was faster; none for kv_aware itself."""
-    from bench.rollout_real import _summarize
+    from bench.rollout_real import ROLES, _summarize
 
     spans = {0: {"kv_aware": 3.0, "round_robin": 2.5}, 1: {"kv_aware": 2.0, "round_robin": 2.5},
              2: {"kv_aware": 3.3, "round_robin": 3.0}}
     runs = [{"round": r, "policy": p, "makespan_s": m, "tokens_per_s": 1.0, "vs_raw_generate": 0.5, "vs_replay": 0.6,
              "generated_tokens": 10, "preemptions": 0, "kv_usage_max": [0.5], "tool_wait_s": 1.0,
              "queue_wait_mean_s": 0.0, "mean_turns": 1.5, "tool_calls": 3, "peak_inflight": [4],
-             "peak_waiting_in_vllm": [0]} for r, d in spans.items() for p, m in d.items()]
+             "peak_waiting_in_vllm": [0], "cpu_s": dict.fromkeys(ROLES, 1.0), "replay_cpu_s": dict.fromkeys(ROLES, 0.5)}
+            for r, d in spans.items() for p, m in d.items()]
     kv, rr = _summarize(runs, ["kv_aware", "round_robin"])
     assert "kv_aware_ratio" not in kv
     assert rr["kv_aware_ratio"] == 1.1 and rr["kv_aware_ratio_min"] == 0.8 and rr["kv_aware_ratio_max"] == 1.2
     assert rr["kv_aware_faster_rounds"] == 1
+    assert rr["cpu_s"] == dict.fromkeys(ROLES, 1.0) and rr["replay_cpu_s"] == dict.fromkeys(ROLES, 0.5)
 
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
