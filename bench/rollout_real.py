@@ -40,7 +40,9 @@ from rstar2.agent_loop import AgentLoop, EngineSet
 from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
 from rstar2.controller import Controller
+from rstar2.engine import EngineActor
 from rstar2.estimator import LengthEstimator
+from rstar2.sandbox.executor import ZYGOTE
 
 SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
 
@@ -107,8 +109,8 @@ def _cpu_by_role() -> dict[str, float]:
         if t is None:
             continue
         cmd = " ".join(proc.info["cmdline"] or [])
-        role = ("driver" if proc.info["pid"] == me else "engines" if "EngineActor" in cmd
-                else "sandbox" if "zygote.py" in cmd else "other")
+        role = ("driver" if proc.info["pid"] == me else "engines" if EngineActor.__name__ in cmd  # Ray's title
+                else "sandbox" if ZYGOTE.name in cmd else "other")
         out[role] += t.user + t.system + t.children_user + t.children_system
     return out
 
