@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=1",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=160",
          "eval.max_response_tokens=160", "world.max_positions=512",
-         "placement.engine_resources={engines: 1}", "placement.trainer_resources={trainer: 1}"]
+         "placement.engine_resources={engines: 1}", "placement.trainer_resources={trainer: 1}",
+         "engine.num_engines=1"]  # the head offers one engine slot
 
 
 def _node(args: list[str], temp: Path, log: Path) -> subprocess.Popen:
