@@ -34,24 +34,19 @@ class SFTResult:
     wall_s: float
 
 
-def tokenize_segments(tokenizer, texts: list[str], trainable: list[bool]) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask of one transcript, segment by segment (no re-tokenisation drift at boundaries)."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for text, train in zip(texts, trainable):
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += seg
-        mask += [int(train)] * len(seg)
-    return ids, mask
-
-
 def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids and loss masks of transcripts, rendered with the model's chat template."""
-    data = []
-    for messages in conversations:
-        segs = chat.segments(messages)
-        data.append(tokenize_segments(chat.tokenizer, [t for t, _ in segs], [m for _, m in segs]))
-    return [d[0] for d in data], [d[1] for d in data]
+    """Token ids and loss masks of transcripts, rendered with the model's chat template and tokenised segment by
+    segment (no re-tokenisation drift at boundaries), all segments in one batched call (the fast tokenizer's)."""
+    segs = [chat.segments(messages) for messages in conversations]
+    flat = chat.tokenizer([text for s in segs for text, _ in s], add_special_tokens=False)["input_ids"]
+    ids, masks, k = [], [], 0
+    for s in segs:
+        ids.append([]), masks.append([])
+        for seg_ids, (_, train) in zip(flat[k:k + len(s)], s):
+            ids[-1] += seg_ids
+            masks[-1] += [int(train)] * len(seg_ids)
+        k += len(s)
+    return ids, masks
 
 
 def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Random | None = None) -> list[list[int]]:
