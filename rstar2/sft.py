@@ -38,14 +38,13 @@ def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[li
     """Token ids and loss masks of transcripts, rendered with the model's chat template and tokenised segment by
     segment (no re-tokenisation drift at boundaries), all segments in one batched call (the fast tokenizer's)."""
     segs = [chat.segments(messages) for messages in conversations]
-    flat = chat.tokenizer([text for s in segs for text, _ in s], add_special_tokens=False)["input_ids"]
-    ids, masks, k = [], [], 0
+    texts = [text for s in segs for text, _ in s]
+    flat = iter(chat.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    ids, masks = [], []
     for s in segs:
-        ids.append([]), masks.append([])
-        for seg_ids, (_, train) in zip(flat[k:k + len(s)], s):
-            ids[-1] += seg_ids
-            masks[-1] += [int(train)] * len(seg_ids)
-        k += len(s)
+        seg_ids = [next(flat) for _ in s]
+        ids.append([t for seg in seg_ids for t in seg])
+        masks.append([int(train) for seg, (_, train) in zip(seg_ids, s) for _t in seg])
     return ids, masks
 
 
