@@ -1,26 +1,33 @@
 """Training health: one line per RL step for the terminal, and the collapse alert.
 
 An agentic-RL run that collapses shows it first in how the policy uses its environment, before the reward falls:
-more malformed answers and more failing tool calls (in a recorded run the format-violation rate went 0.12 -> 0.51
-and the tool-error rate 0.09 -> 0.69 over steps 4-10, after the reward peaked at step 4). The alert watches those two
-rates:
+more malformed answers and more failing tool calls (format violations 0.20 -> 0.63 and tool errors 0.25 -> 0.58 in
+the weak-start runs of docs/findings.md). The alert watches those two rates, each against the run's own noise: a
+healthy run's rate jumps by 0.10-0.14 for one step and falls back the next (tiny campaign, 256 trajectories a step),
+so one step says nothing; a collapse stays up. For a rate x_1..x_t, with the last `persist` steps R = x_{t-p+1..t}
+and the steps before them P = x_1..x_{t-p} (at least `min_history` of them):
 
-    fire(m, t)  ⇔  x_m(t) ≥ factor · b  and  x_m(t) - b ≥ floor,      b = min(x_m(t-window), ..., x_m(t-1))
+    sigma = max(noise_floor, 1.4826 * median_i |x_i - x_{i-1}| / sqrt(2))   over P   (robust step-to-step sd)
+    b     = min_i (x_{i-1} + x_i) / 2                                         over P   (the best level it held)
+    fire  ⇔  min(R) ≥ b + z * sigma
 
-i.e. the rate at least doubled (factor 2) within the last `window` (3) steps, by at least `floor` (0.05) in absolute
-terms. Against the minimum of the window, so a rise spread over up to three steps still counts. The floor keeps
-noise from firing it: at the tiny preset's 256 trajectories a step a rate of 0.02 has a binomial standard error of
-~0.009, so 0.01 -> 0.03 means nothing, while 5 points of the batch turning bad is worth a look; from 0 it fires at
-the floor.
+i.e. each of the last 2 steps is 3 noise-sds above the best two-step level the run held before them. The median of
+step differences is the noise of the run itself, not of its trend or its blips; the noise floor (0.02, about the
+binomial standard error of a rate of 0.1 over 256 trajectories) keeps a run that happened to be smooth from firing on
+small moves: the least rise that fires is 0.06.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 WATCHED = ("format_violation_rate", "tool_error_rate")
-FLOOR = 0.05
-_EPS = 1e-9  # float rounding: a rise of 0.01 -> 0.06 is 0.05, not 0.049999...
+PERSIST = 2  # steps the rise must hold
+MIN_HISTORY = 3  # steps before them to measure the level and the noise from
+Z = 3.0  # noise sds above the level
+NOISE_FLOOR = 0.02
+_EPS = 1e-9  # float rounding: 0.10 + 3 x 0.02 is 0.16, not 0.16000000000000003
 
 # (label, metric key, format) in line order
 _FIELDS = (("reward", "reward_mean", ".3f"), ("fmt-viol", "format_violation_rate", ".3f"),
@@ -43,29 +50,28 @@ def health_line(metrics: dict, step: int) -> str:
     return " | ".join(parts)
 
 
-def collapse_alert(history: list[dict], window: int = 3, factor: float = 2.0,
-                   floor: float = FLOOR) -> list[str] | None:
-    """Whether the latest step of `history` (per-step metrics, oldest first) shows a collapse: for each of
-    format_violation_rate and tool_error_rate, fires when latest ≥ factor · b and latest - b ≥ floor, where b is the
-    minimum over the `window` steps before it. Returns what fired, e.g. ["format_violation_rate 0.12 -> 0.31"], or
-    None. A step missing the metric, or with no earlier step that has it, never fires for it."""
-    if not history:
-        return None
+def collapse_alert(history: list[dict], persist: int = PERSIST, min_history: int = MIN_HISTORY, z: float = Z,
+                   noise_floor: float = NOISE_FLOOR) -> list[str] | None:
+    """Whether the latest step of `history` (per-step metrics, oldest first) shows a sustained rise of
+    format_violation_rate or tool_error_rate above the run's own noise (the module's rule). Returns what fired, e.g.
+    ["tool_error_rate 0.10 -> 0.26 (noise 0.02)"] (best level before -> latest), or None. Steps missing a metric are
+    left out of its series; a series too short for the rule never fires."""
     fired = []
     for key in WATCHED:
-        now = _value(history[-1], key)
-        before = [v for h in history[-1 - window:-1] if (v := _value(h, key)) is not None]
-        if now is None or not before:
+        x = [v for h in history if (v := _value(h, key)) is not None]
+        past, recent = x[:-persist], x[-persist:]
+        if len(past) < max(min_history, 2) or len(recent) < persist:
             continue
-        b = min(before)
-        if now + _EPS >= factor * b and now - b + _EPS >= floor:
-            fired.append(f"{key} {b:.2f} -> {now:.2f}")
+        sigma = max(noise_floor, 1.4826 * statistics.median(abs(b - a) for a, b in zip(past, past[1:])) / math.sqrt(2))
+        level = min((a + b) / 2 for a, b in zip(past, past[1:]))
+        if min(recent) + _EPS >= level + z * sigma:
+            fired.append(f"{key} {level:.2f} -> {recent[-1]:.2f} (noise {sigma:.2f})")
     return fired or None
 
 
 def first_collapse(history: list[dict], **kw) -> tuple[int, list[str]] | None:
     """(index into `history`, what fired) of the first step whose alert fired, each step judged on the history up to
-    it; None if none did. `kw`: collapse_alert's window/factor/floor."""
+    it; None if none did. `kw`: collapse_alert's parameters."""
     for i in range(len(history)):
         if fired := collapse_alert(history[:i + 1], **kw):
             return i, fired

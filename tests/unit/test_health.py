@@ -50,45 +50,52 @@ def alerts(table, **kw):
 
 def test_collapse_fires_first_at_step_8_on_tool_errors_then_on_format():
     got = alerts(COLLAPSE)
-    # step 7: tool errors 0.17 < 2 x min(0.09, 0.11, 0.15); format 0.21 < 2 x 0.12. Step 8: tool errors
-    # 0.26 >= 2 x min(0.11, 0.15, 0.17) = 0.22; format 0.25 < 2 x 0.13. Step 9: format 0.36 >= 2 x 0.16 too.
-    assert min(got) == 8 and first_collapse(rows(COLLAPSE)) == (7, ["tool_error_rate 0.11 -> 0.26"])  # row 7: step 8
-    assert got[8] == ["tool_error_rate 0.11 -> 0.26"]
-    assert got[9] == ["format_violation_rate 0.16 -> 0.36", "tool_error_rate 0.15 -> 0.40"]
-    assert got[10] == ["format_violation_rate 0.21 -> 0.51", "tool_error_rate 0.17 -> 0.69"]
-    # by step 12 the rates have plateaued high: the window now holds the already-collapsed values
-    assert sorted(got) == [8, 9, 10, 11]
-    assert got[11] == ["format_violation_rate 0.25 -> 0.55", "tool_error_rate 0.26 -> 0.72"]
+    # step 7: tool errors, steps before the last two 0.15 0.12 0.10 0.09 0.11: |differences| 0.03 0.02 0.01 0.02,
+    # median 0.02, noise 1.4826 x 0.02 / sqrt 2 = 0.021; two-step levels 0.135 0.11 0.095 0.10, best 0.095;
+    # threshold 0.095 + 3 x 0.021 = 0.158 > 0.15. Step 8: the last two 0.17 0.26 both above (the same noise and level).
+    # Format at step 8: noise 1.4826 x 0.03 / sqrt 2 = 0.031, level 0.125, threshold 0.219 > 0.21; step 9: 0.25 0.36.
+    assert min(got) == 8 and first_collapse(rows(COLLAPSE)) == (7, ["tool_error_rate 0.10 -> 0.26 (noise 0.02)"])
+    assert got[9] == ["format_violation_rate 0.12 -> 0.36 (noise 0.03)", "tool_error_rate 0.10 -> 0.40 (noise 0.02)"]
+    assert sorted(got) == [8, 9, 10, 11, 12]  # a collapse stays collapsed: the alert holds while the rates stay up
 
 
 def test_healthy_run_never_fires():
     assert alerts(HEALTHY) == {} and first_collapse(rows(HEALTHY)) is None
 
 
-def test_window_is_three_steps():
-    # 0.10 -> 0.20 spread over four steps: the window's minimum is 0.13 by then, so no alert; window=4 sees 0.10
-    table = [(1, 0, 0.10, 0.0), (2, 0, 0.13, 0.0), (3, 0, 0.15, 0.0), (4, 0, 0.17, 0.0), (5, 0, 0.20, 0.0)]
-    assert alerts(table) == {}
-    assert alerts(table, window=4) == {5: ["format_violation_rate 0.10 -> 0.20"]}
+def test_one_step_blip_never_fires_a_sustained_rise_does():
+    blip = [{"tool_error_rate": v} for v in (0.10, 0.11, 0.09, 0.10, 0.40, 0.10, 0.11)]
+    assert [collapse_alert(blip[:i]) for i in range(1, 8)] == [None] * 7
+    rise = [{"tool_error_rate": v} for v in (0.10, 0.11, 0.09, 0.10, 0.40, 0.30)]
+    # noise 1.4826 x median(0.01, 0.02, 0.01) / sqrt 2 = 0.0105 -> the floor 0.02; level 0.10; 0.30 >= 0.16
+    assert collapse_alert(rise) == ["tool_error_rate 0.10 -> 0.30 (noise 0.02)"]
 
 
-def test_floor_keeps_small_rates_quiet():
-    h = [{"tool_error_rate": v} for v in (0.01, 0.01, 0.01, 0.02)]        # x2, but +0.01
+def test_the_threshold_scales_with_the_runs_own_noise():
+    quiet = [0.20, 0.22, 0.20, 0.22, 0.20]  # noise 1.4826 x 0.02 / sqrt 2 = 0.021
+    noisy = [0.20, 0.30, 0.20, 0.30, 0.20]  # |differences| 0.10: noise 1.4826 x 0.10 / sqrt 2 = 0.105
+    up = [0.30, 0.30]
+    assert collapse_alert([{"format_violation_rate": v} for v in quiet + up]) == [
+        "format_violation_rate 0.21 -> 0.30 (noise 0.02)"]  # level 0.21, threshold 0.273
+    assert collapse_alert([{"format_violation_rate": v} for v in noisy + up]) is None  # threshold 0.25 + 0.31
+    assert collapse_alert([{"format_violation_rate": v} for v in noisy + [0.60, 0.60]]) == [
+        "format_violation_rate 0.25 -> 0.60 (noise 0.10)"]
+
+
+def test_smooth_runs_need_the_noise_floor_to_be_crossed():
+    h = [{"tool_error_rate": v} for v in (0.10, 0.10, 0.10, 0.10, 0.15, 0.15)]  # noise 0 -> 0.02: threshold 0.16
     assert collapse_alert(h) is None
-    h[-1]["tool_error_rate"] = 0.05                                        # x5, +0.04 < 0.05
-    assert collapse_alert(h) is None
-    h[-1]["tool_error_rate"] = 0.06                                        # x6, +0.05: at the floor
-    assert collapse_alert(h) == ["tool_error_rate 0.01 -> 0.06"]
-    assert collapse_alert([{"format_violation_rate": 0.0}, {"format_violation_rate": 0.05}]) == \
-        ["format_violation_rate 0.00 -> 0.05"]                             # from zero: the floor alone decides
-    assert collapse_alert(h, floor=0.1) is None
+    h[-2:] = [{"tool_error_rate": 0.16}, {"tool_error_rate": 0.16}]
+    assert collapse_alert(h) == ["tool_error_rate 0.10 -> 0.16 (noise 0.02)"]
+    assert collapse_alert(h, noise_floor=0.03) is None
 
 
-def test_missing_metrics_never_fire():
+def test_missing_metrics_and_short_histories_never_fire():
     assert collapse_alert([]) is None
-    assert collapse_alert([{"tool_error_rate": 0.5}]) is None              # nothing before it
-    assert collapse_alert([{"reward_mean": 0.4}, {"tool_error_rate": 0.5}]) is None
-    assert collapse_alert([{"tool_error_rate": 0.1}, {"reward_mean": 0.4}]) is None
+    assert collapse_alert([{"tool_error_rate": v} for v in (0.0, 0.0, 0.0, 0.9)]) is None  # 2 steps before the last 2
+    assert collapse_alert([{"reward_mean": 0.4}] * 6 + [{"tool_error_rate": 0.5}]) is None
+    h = [{"tool_error_rate": v} for v in (0.10, 0.10, 0.10, 0.40)] + [{"reward_mean": 0.4}, {"tool_error_rate": 0.4}]
+    assert collapse_alert(h) == ["tool_error_rate 0.10 -> 0.40 (noise 0.02)"]  # a step without it is left out
 
 
 def test_health_line():
@@ -125,15 +132,17 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
         assert 0.0 <= cost["orchestration_overhead_frac"] <= 1.0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
-    assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.11 -> 0.26",
+    assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.10 -> 0.26 (noise 0.02)",
                         "[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
                         "clip-lo - | entropy -",
-                        "[s1] ALERT collapse at step 109: format_violation_rate 0.16 -> 0.36; tool_error_rate 0.15 -> 0.40"]
-    tags = {"alert.collapse": "step 108: tool_error_rate 0.11 -> 0.26", "alert.collapse_step": "108"}
+                        "[s1] ALERT collapse at step 109: format_violation_rate 0.12 -> 0.36 (noise 0.03); "
+                        "tool_error_rate 0.10 -> 0.40 (noise 0.02)"]
+    tags = {"alert.collapse": "step 108: tool_error_rate 0.10 -> 0.26 (noise 0.02)", "alert.collapse_step": "108"}
     tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 8's commit, before tagging
     log_step.fn(h[:10], 100, "s1", run_id, campaign, since)
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "[s1] ALERT collapse at step 110: format_violation_rate 0.21 -> 0.51; tool_error_rate 0.17 -> 0.69")
+        "[s1] ALERT collapse at step 110: format_violation_rate 0.12 -> 0.51 (noise 0.03); "
+        "tool_error_rate 0.10 -> 0.69 (noise 0.02)")
     client = tracking.client()
     assert {k: client.get_run(run_id).data.tags.get(k) for k in tags} == tags
     history = lambda run, key: sorted((m.step, m.value) for m in client.get_metric_history(run, key))  # noqa: E731
