@@ -136,6 +136,27 @@ def seed_aggregate(sft: dict, by_seed: list[dict]) -> dict:
             "by_seed": [{**s, "pass1_gain": s["pass1"] - sft["pass1"]} for s in by_seed]}
 
 
+def world_aggregate(worlds: dict[int, dict]) -> dict:
+    """A campaign's figures over world seeds x RL seeds: `worlds` maps a world seed to that world's campaign summary
+    (seed_aggregate's keys). Each world has its own SFT model (a draw, as on another host), so a run's gain is
+    measured from its own world's SFT evaluation. Two spreads:
+
+        runs:   every gain g_wr (K worlds x N RL seeds): mean, min, max, 95 % interval (stats.seed_summary, as if
+                independent; gains of one world share its SFT model, so this interval is narrower than the truth)
+        worlds: the K world means  m_w = mean_r g_wr: their 95 % interval (t with K-1 df) is the honest one for the
+                mean gain of a new world"""
+    runs = [{"world_seed": w, "rl_seed": s["rl_seed"], "pass1_sft": summ["pass1_sft"], "pass1": s["pass1"],
+             "pass1_gain": s["pass1_gain"]} for w, summ in sorted(worlds.items()) for s in summ["by_seed"]]
+    gains = stats.seed_summary([r["pass1_gain"] for r in runs])
+    world_means = stats.seed_summary([summ["pass1_gain"] for _, summ in sorted(worlds.items())])
+    return {"world_seeds": sorted(worlds), "rl_seeds": sorted({r["rl_seed"] for r in runs}), "runs": runs,
+            "pass1_gain_mean": gains["mean"], "pass1_gain_min": gains["min"], "pass1_gain_max": gains["max"],
+            "pass1_gain_sd": gains["sd"], "pass1_gain_ci95": gains["ci95"],
+            "pass1_gain_worlds_ci95": world_means["ci95"],
+            "pass1_sft_by_world": {str(w): summ["pass1_sft"] for w, summ in sorted(worlds.items())},
+            "pass1_gain_by_world": {str(w): summ["pass1_gain"] for w, summ in sorted(worlds.items())}}
+
+
 def ablation_summary(results: dict[str, dict]) -> dict:
     """An ablation's figures from its variants' campaign summaries (seed_aggregate's keys): per variant the mean,
     min, max and 95 % interval over seeds of held-out pass@1 after RL and of the gain; and every variant against the

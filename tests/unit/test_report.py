@@ -104,3 +104,21 @@ def test_last_steps_summary_on_a_recorded_table():
     rows = report.last_steps_rows(res)
     assert {"variant": "plain-grpo", "figure": "tool_error_rate_pos", "mean": 0.11, "min": 0.1, "max": 0.12,
             "ci95": "[0.0852, 0.1348]", "seeds": 3, "vs_baseline": "+0.0867 (intervals apart)"} in rows
+
+
+def test_world_aggregate_against_a_hand_computation():
+    other_sft = {**SFT, "pass1": 0.30}
+    other = [{**s, "pass1": v} for s, v in zip(SEEDS, (0.50, 0.45, 0.49))]  # gains 0.20, 0.15, 0.19
+    agg = report.world_aggregate({5: report.seed_aggregate(other_sft, other), 3: report.seed_aggregate(SFT, SEEDS)})
+    # six gains 0.10 0.15 0.05 | 0.20 0.15 0.19: mean 0.14, sd sqrt(0.016 / 5) = 0.056569,
+    # half width t(5) sd / sqrt(6) = 2.570582 * 0.023094 = 0.059365; world means 0.10, 0.18: half width
+    # t(1) 0.056569 / sqrt(2) = 12.706205 * 0.04 = 0.508248
+    assert agg["world_seeds"] == [3, 5] and agg["rl_seeds"] == [0, 1, 2]
+    assert [(r["world_seed"], r["rl_seed"]) for r in agg["runs"]] == [(w, s) for w in (3, 5) for s in (0, 1, 2)]
+    assert [r["pass1_gain"] for r in agg["runs"]] == pytest.approx([0.10, 0.15, 0.05, 0.20, 0.15, 0.19])
+    assert agg["runs"][3]["pass1_sft"] == 0.30  # each run's gain is from its own world's SFT model
+    assert (agg["pass1_gain_mean"], agg["pass1_gain_min"], agg["pass1_gain_max"]) == (
+        pytest.approx(0.14), pytest.approx(0.05), pytest.approx(0.20))
+    assert agg["pass1_gain_ci95"] == pytest.approx([0.14 - 0.059365, 0.14 + 0.059365], abs=1e-5)
+    assert agg["pass1_gain_worlds_ci95"] == pytest.approx([0.14 - 0.508248, 0.14 + 0.508248], abs=1e-5)
+    assert agg["pass1_gain_by_world"] == {"3": pytest.approx(0.10), "5": pytest.approx(0.18)}
