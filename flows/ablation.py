@@ -29,7 +29,7 @@ class AblationParams(BaseModel):
     overrides: list[str] = []
     name: str = "ablation"  # run directories are <name>-<variant>
     sft_checkpoint: str | None = None  # share this committed SFT model (default: the first variant trains one)
-    seeds: int = Field(1, ge=1)  # RL seeds per variant
+    seeds: int = Field(3, ge=1)  # RL seeds per variant (3: the paired tool-error ratio has an interval)
     last_steps: int = Field(3, ge=1)  # the training figures "at the end of RL": each seed's mean over its last steps
 
 

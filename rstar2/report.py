@@ -182,13 +182,17 @@ def ablation_summary(results: dict[str, dict]) -> dict:
 
 
 LAST_STEPS_FIGURES = ("tool_error_rate_pos", "response_len_mean", "reward_mean", "pass1_train", "entropy")
+RATES = ("tool_error_rate_pos",)  # compared seed by seed as a ratio (stats.paired_log_ratio): the ablation's statistic
 
 
 def last_steps_summary(curves: dict[str, list[Curves]], last: int) -> dict:
     """The training figures at the end of RL, per variant (`curves[variant]`: one set of curves per seed): a seed's
     value is its mean over its last `last` logged steps (NaN points left out); over the seeds, the mean, min, max and
     95 % interval (stats.seed_summary). Each variant against the first: the difference with its Welch interval
-    (stats.compare) and whether the two variants' own 95 % intervals are apart (do not overlap)."""
+    (stats.compare) and whether the two variants' own 95 % intervals are apart (do not overlap); for the RATES, also
+    seed by seed (seed i of every variant starts from the one SFT model with the same rl_seed) their ratio with its
+    95 % interval (stats.paired_log_ratio): the statistic the ablation concludes on, as it holds on hosts whose seeds
+    spread widely (unpaired intervals need the spread to be small)."""
     def per_seed(runs: list[Curves], metric: str) -> list[float]:
         out = []
         for r in runs:
@@ -217,6 +221,10 @@ def last_steps_summary(curves: dict[str, list[Curves]], last: int) -> dict:
             vs[v][m] = {"baseline": base, "diff": r4(c["diff"]), "ci95": c["ci95"] and [r4(x) for x in c["ci95"]],
                         "beyond_noise": c["beyond_noise"],  # one seed has no interval: never "apart"
                         "intervals_apart": figs[m]["seeds"] > 1 and b[m]["seeds"] > 1 and bool(hi < blo or bhi < lo)}
+            if m in RATES and figs[m]["seeds"] == b[m]["seeds"]:  # seed i of both arms: one SFT model, one rl_seed
+                p = stats.paired_log_ratio(figs[m]["by_seed"], b[m]["by_seed"])
+                vs[v][m]["paired_ratio"] = {"ratio": r4(p["ratio"]), "ci95": p["ci95"] and [r4(x) for x in p["ci95"]],
+                                            "lower": p["lower"], "higher": p["higher"]}
     return {"steps": last, "variants": variants, "vs_baseline": vs}
 
 
@@ -227,6 +235,8 @@ def last_steps_rows(summary: dict) -> list[dict]:
         for m, f in figs.items():
             c = summary["vs_baseline"].get(v, {}).get(m)
             vs = "" if c is None else f"{c['diff']:+} (intervals {'apart' if c['intervals_apart'] else 'overlap'})"
+            if c and (p := c.get("paired_ratio")) and p["ci95"]:
+                vs += f"; paired ratio {p['ratio']} [{p['ci95'][0]}, {p['ci95'][1]}]"
             rows.append({"variant": v, "figure": m, "mean": f["mean"], "min": f["min"], "max": f["max"],
                          "ci95": f"[{f['ci95'][0]}, {f['ci95'][1]}]", "seeds": f["seeds"], "vs_baseline": vs})
     return rows

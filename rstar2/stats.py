@@ -116,6 +116,31 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict:
     return {**out, "df": float(df), "ci95": [d - half, d + half], "beyond_noise": bool(d - half > 0 or d + half < 0)}
 
 
+RATE_PSEUDO = 0.005  # added to both rates of a ratio: a rate of 0 stays finite; below the resolution of ~500 trajectories
+
+
+def paired_log_ratio(a_values: Sequence[float], b_values: Sequence[float], pseudo: float = RATE_PSEUDO) -> dict:
+    """A paired comparison of two rates (a_i, b_i from the same seed: the same SFT model, data order and sampling
+    seed) on the scale they differ on, their ratio:
+
+        r_i = ln((a_i + pseudo) / (b_i + pseudo)),   mean(r) +- t_0.975(n-1) sd(r) / sqrt(n)
+        ratio = exp(mean(r)),  ci95 = exp(interval)
+
+    `lower`: the whole interval below 1 (a lower than b beyond the seeds' noise); `higher` likewise above. Pairing
+    removes what the two arms share (the seed's draw); the log scale makes a seed whose rates are both high weigh as
+    much as one whose rates are both low, where a difference of rates spreads with their level. Needs 2+ pairs."""
+    a, b = np.asarray(a_values, dtype=float), np.asarray(b_values, dtype=float)
+    if a.size != b.size:
+        raise ValueError(f"paired_log_ratio needs one b per a, got {a.size} and {b.size}")
+    out = {"ratio": math.nan, "ci95": None, "n": int(a.size), "lower": False, "higher": False}
+    if a.size < 2:
+        return out
+    r = np.log((a + pseudo) / (b + pseudo))  # (n,)
+    s = seed_summary(r)
+    lo, hi = (math.exp(x) for x in s["ci95"])
+    return {**out, "ratio": math.exp(s["mean"]), "ci95": [lo, hi], "lower": hi < 1, "higher": lo > 1}
+
+
 def curve_band(runs: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float, float, float, int]]:
     """Per-step curves of several runs (seeds) as one: (step, mean, min, max, n) at every step some run logged,
     over the runs that logged it (a run that ended its stage early has no point there)."""

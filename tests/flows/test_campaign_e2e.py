@@ -154,7 +154,7 @@ def test_the_ablation_compares_variants_from_one_sft_model_in_mlflow(campaign_ru
         "stages.0.steps=1", "stages.0.prompts_per_step=2",
         "trainer.old_logprobs=engine", "trainer.tis_cap=2.0"]  # the update on the engine's own log-probs
     res = ablation(AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=one_step, name="abl",
-                                  sft_checkpoint=str(run_dir / "sft")))
+                                  sft_checkpoint=str(run_dir / "sft"), seeds=1))
     assert [r["variant"] for r in res["variants"]] == ["roc", "plain-grpo"]
     assert {(r["variant"], r["step"]) for r in res["per_step"]} == {("roc", 1), ("plain-grpo", 1)}
     rolled = {v: pl.read_parquet(run_dir.parent / f"abl-{v}" / "stage1" / "step-0000" / "rollouts.parquet").height

@@ -99,11 +99,17 @@ def test_last_steps_summary_on_a_recorded_table():
     vs = res["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]
     assert vs["baseline"] == "roc" and vs["diff"] == 0.0867 and vs["intervals_apart"] is True
     assert vs["beyond_noise"] is True
+    # paired by seed, plain over roc: ln(0.125/0.025) = 1.60944, ln(0.105/0.035) = 1.09861, ln(0.115/0.025) = 1.52606;
+    # mean 1.41137, sd 0.27405, half width 4.302653 x 0.27405 / sqrt 3 = 0.68077: ratio e^1.41137 = 4.1016 in
+    # [e^0.73060, e^2.09214] = [2.0763, 8.1022], above 1: RoC's rate is lower
+    assert vs["paired_ratio"] == {"ratio": 4.1016, "ci95": [2.0763, 8.1022], "lower": False, "higher": True}
+    assert "paired_ratio" not in res["vs_baseline"]["plain-grpo"]["response_len_mean"]  # rates only
     one = report.last_steps_summary({"roc": curves["roc"][:1], "plain-grpo": curves["plain-grpo"][:1]}, last=3)
     assert one["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]["intervals_apart"] is False  # no interval
     rows = report.last_steps_rows(res)
     assert {"variant": "plain-grpo", "figure": "tool_error_rate_pos", "mean": 0.11, "min": 0.1, "max": 0.12,
-            "ci95": "[0.0852, 0.1348]", "seeds": 3, "vs_baseline": "+0.0867 (intervals apart)"} in rows
+            "ci95": "[0.0852, 0.1348]", "seeds": 3,
+            "vs_baseline": "+0.0867 (intervals apart); paired ratio 4.1016 [2.0763, 8.1022]"} in rows
 
 
 def test_world_aggregate_against_a_hand_computation():

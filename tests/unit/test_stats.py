@@ -84,3 +84,18 @@ def test_an_evaluation_reports_its_statistics_from_the_scored_samples(tmp_path):
     ev = steps.eval_stats(str(uri))
     assert ev == pytest.approx({"pass1": 0.5, "pass1_se": 0.2041241, "pass_at_1": 0.5, "pass_at_2": 0.75,
                                 "problems": 4, "samples": 2, "response_len_mean": 10.0})
+
+
+def test_paired_log_ratio_by_hand():
+    # rates of the AVX-512 host: RoC 0.014 0.005 0.009, plain GRPO 0.170 0.062 0.039 (+ 0.005 each):
+    # ln(0.019/0.175) = -2.2203, ln(0.010/0.067) = -1.9021, ln(0.014/0.044) = -1.1451; mean -1.7558, sd 0.5524,
+    # half width t(2) 0.5523 / sqrt 3 = 4.302653 x 0.31888 = 1.37205
+    c = stats.paired_log_ratio([0.014, 0.005, 0.009], [0.170, 0.062, 0.039])
+    assert c["n"] == 3 and c["ratio"] == pytest.approx(math.exp(-1.7558), rel=1e-3)
+    assert c["ci95"] == pytest.approx([math.exp(-1.7558 - 1.37205), math.exp(-1.7558 + 1.37205)], rel=2e-3)
+    assert c["lower"] and not c["higher"]
+    same = stats.paired_log_ratio([0.1, 0.2], [0.1, 0.2])  # every ratio 1: the interval is [1, 1]
+    assert same["ratio"] == pytest.approx(1.0) and same["ci95"] == pytest.approx([1.0, 1.0]) and not same["lower"]
+    assert stats.paired_log_ratio([0.0], [0.1])["ci95"] is None  # one pair: no interval
+    with pytest.raises(ValueError, match="one b per a"):
+        stats.paired_log_ratio([0.1, 0.2], [0.1])
