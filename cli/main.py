@@ -473,19 +473,21 @@ app.add_typer(data_app, name="data")
 @data_app.command("import")
 def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
                 out: Path = typer.Option(..., "--out", help="the Parquet file to write"),
-                fmt: str = typer.Option("auto", "--format", help="auto, dapo, solution or plain"),
+                fmt: str = typer.Option("auto", "--format", help="auto (detected from the columns) or one of: " +
+                                        ", ".join(__import__("rstar2.data", fromlist=["FORMATS"]).FORMATS)),
                 split: str = typer.Option("rl", help="rl: integer answers only (the paper's filter); eval: all"),
                 preset: str = typer.Option("tiny", help="its eval.suites are what the data is decontaminated "
                                                         "against; its data section sets the thresholds"),
                 set_: list[str] = typer.Option([], "--set"),
                 json_path: Optional[Path] = typer.Option(None, "--json", help="write the report's figures here")):
-    """Import a problem set (DAPO-Math-17k's layout, problem/solution, problem/answer) into the problem schema:
-    normalised, filtered, deduplicated, decontaminated; a report of what was dropped and why; logged to MLflow."""
+    """Import a problem set (verl's or DAPO-Math-17k's chat-prompt layout, GSM8K, problem/solution, problem/answer,
+    GPQA) into the problem schema: instruction sentences stripped, normalised, filtered, deduplicated, decontaminated;
+    a report of what was dropped and why; logged to MLflow. No row left: the report, one line why, exit 1."""
     from rstar2 import config
-    from rstar2.data import importer, suites
+    from rstar2.data import FORMATS, importer, suites
 
-    if fmt not in ("auto", "dapo", "solution", "plain") or split not in ("rl", "eval"):
-        console.print("[red]error:[/red] --format is auto, dapo, solution or plain; --split is rl or eval")
+    if fmt not in ("auto", *FORMATS) or split not in ("rl", "eval"):
+        console.print(f"[red]error:[/red] --format is auto, {', '.join(FORMATS)}; --split is rl or eval")
         raise typer.Exit(2)
     try:
         cfg = config.load(preset, set_)
@@ -495,23 +497,35 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     except ValueError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.write_parquet(out)
     console.print(import_table(rep, str(out), len(cfg.eval.suites)))
+    if df.height:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(out)
     run_id = importer.log_to_mlflow(cfg.experiment, cfg.out_dir, str(out), rep)
-    console.print(f"wrote {out}; MLflow run {run_id} (experiment {cfg.experiment})")
     _write_json(json_path, rep.to_dict())
+    if not df.height:  # an empty table is no training set: nothing written, the report says why
+        console.print(f"[red]error:[/red] {escape(importer.nothing_left(rep))}; {escape(str(out))} not written "
+                      f"(report in MLflow run {run_id})", soft_wrap=True)
+        raise typer.Exit(1)
+    console.print(f"wrote {out}; MLflow run {run_id} (experiment {cfg.experiment})")
 
 
 def import_table(rep, out: str, n_suites: int) -> Table:
-    """Rows in, dropped by reason with examples, rows out."""
+    """Rows in, dropped by reason with examples (the first two; --json's report names every contaminated row and the
+    suite problem it matched), instruction phrasings stripped and how often, rows out."""
+    from rstar2.data.importer import EXAMPLES
+
     table = Table(title=escape(f"rstar2 data import {rep.path} ({rep.format}) -> {out}"
                                f"{f'; decontaminated against {n_suites} suite(s)' if n_suites else ''}"))
     for col in ("", "rows", "examples"):
         table.add_column(col, justify="right" if col == "rows" else "left")
     table.add_row("rows in", str(rep.rows_in), "")
     for reason, n in rep.dropped.items():
-        table.add_row(f"dropped: {reason.replace('_', ' ')}", str(n), escape("; ".join(rep.examples[reason])))
+        shown, more = rep.examples[reason][:EXAMPLES], len(rep.examples[reason]) - EXAMPLES
+        table.add_row(f"dropped: {reason.replace('_', ' ')}", str(n),
+                      escape("; ".join(shown) + (f"; and {more} more in --json's report" if more > 0 else "")))
+    for phrase, n in rep.stripped.items():
+        table.add_row("instruction stripped", str(n), escape(phrase))
     table.add_row("rows out", str(rep.rows_out), "", style="bold")
     return table
 

@@ -8,7 +8,7 @@ Parquet (or JSONL, one object per line) with these columns:
     source      str              where the row came from (dataset or file name)
 
 More columns are kept as they are (the tiny world's generator adds `solution_code`). `rstar2 data import` writes
-this layout from DAPO-Math-17k's, problem/solution sets and plain problem/answer tables.
+this layout from the layouts of rstar2/data/formats.py (verl's and DAPO's, GSM8K, problem/solution, problem/answer).
 """
 
 from __future__ import annotations
@@ -25,11 +25,21 @@ REQUIRED = ("problem_id", "prompt", "answer")
 JSONL = (".jsonl", ".json", ".ndjson")
 
 
+def _strings(value):
+    """Numbers and booleans as strings, inside dicts and lists too (`reward_model.ground_truth` mixes them as well)."""
+    if isinstance(value, dict):
+        return {k: _strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strings(v) for v in value]
+    return str(value) if isinstance(value, (int, float, bool)) else value
+
+
 def read_jsonl(path: Path) -> tuple[pl.DataFrame, list[int]]:
     """The objects of a JSONL file, one row each, and the numbers (1-based) of the lines that are not a JSON object.
-    Numbers and booleans become strings (an answer column often mixes `42` and `"\\frac{1}{2}"`)."""
+    Numbers and booleans become strings (an answer column often mixes `42` and `"\\frac{1}{2}"`). A UTF-8 byte-order
+    mark and CRLF line ends (files saved on Windows) are read as if absent."""
     rows, broken = [], []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -39,7 +49,7 @@ def read_jsonl(path: Path) -> tuple[pl.DataFrame, list[int]]:
         if not isinstance(obj, dict):
             broken.append(i)
             continue
-        rows.append({k: str(v) if isinstance(v, (int, float, bool)) else v for k, v in obj.items()})
+        rows.append(_strings(obj))
     return pl.DataFrame(rows, infer_schema_length=None), broken
 
 
@@ -56,6 +66,8 @@ def read_table(path: str | Path, allow_broken: bool = False) -> tuple[pl.DataFra
         df, broken = (pl.read_parquet(p), []) if p.suffix == ".parquet" else read_jsonl(p)
     except Exception as e:  # noqa: BLE001 - the reader's own message, with the file named
         raise ValueError(f"{p}: cannot be read as {p.suffix[1:]} ({str(e).splitlines()[0]})") from e
+    if broken and df.width == 0:  # not one object: not JSONL at all (e.g. one pretty-printed JSON document)
+        raise ValueError(f"{p}: no line is a JSON object (JSONL holds one object a line), e.g. line {broken[0]}")
     if allow_broken:
         return df, broken
     if broken:

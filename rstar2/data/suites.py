@@ -1,8 +1,9 @@
 """Evaluation suites (`eval.suites`): local files of AIME 2024/2025, HMMT, MATH-500, GPQA-Diamond and the like, read
 into the problem schema. The layout follows the answer type: `choice` reads GPQA's columns (a lettered prompt, the
-correct letter as the answer); `integer` and `math` read problem + answer (or problem + solution: the solution's last
-`\\boxed{}`). An integer suite whose answers are not all integers, a missing column or an unreadable row is one error
-naming the file: an evaluation set is used whole or not at all."""
+correct letter as the answer); `integer` and `math` read any other layout `rstar2 data import` reads: problem +
+answer, problem + solution (the solution's last `\\boxed{}`), GSM8K's worked answers, verl's chat prompts. An
+integer suite whose answers are not all integers, a missing column or an unreadable row is one error naming the file:
+an evaluation set is used whole or not at all."""
 
 from __future__ import annotations
 
@@ -12,16 +13,21 @@ from rstar2.config import SuiteCfg
 from rstar2.data import clean, formats, schema
 
 
+def _layout(raw: pl.DataFrame, path: str) -> str:
+    """A non-choice suite's layout: the import's (rstar2/data/formats.py), or plain when its columns fit none (then
+    `convert` names the missing column)."""
+    try:
+        fmt = formats.detect(raw, path)
+    except ValueError:
+        return "plain"
+    return "plain" if fmt == "choice" else fmt
+
+
 def load(suite: SuiteCfg, seed: int = 0) -> pl.DataFrame:
     """The suite's problems (problem_id, prompt, answer, source = the suite's name)."""
     raw = schema.read_table(suite.path)
-    if suite.answer_type == "choice":
-        fmt = "choice"
-    else:
-        has = lambda names: formats.first_column(raw.columns, names) is not None  # noqa: E731
-        fmt = "solution" if has(formats.PROBLEM_COLS) and has(formats.SOLUTION_COLS) and not has(
-            formats.ANSWER_COLS) else "plain"
-    df, bad = formats.convert(raw, fmt, suite.path, seed)
+    fmt = "choice" if suite.answer_type == "choice" else _layout(raw, suite.path)
+    df, bad, _ = formats.convert(raw, fmt, suite.path, seed)
     if bad:
         raise ValueError(f"suite {suite.name} ({suite.path}): {len(bad)} unreadable row(s), e.g. {bad[0].detail}")
     if suite.answer_type == "integer":

@@ -13,7 +13,7 @@ from rstar2.checkpoint import write_atomic
 from rstar2 import transcripts
 from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
-from rstar2.data import clean, schema
+from rstar2.data import clean, formats, schema
 from rstar2.world import model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")
@@ -67,21 +67,16 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
 
 
 def load_split(src: str) -> tuple[pl.DataFrame, dict]:
-    """A user's problem table for RL or the world's evaluation split: rows with a missing id, prompt or answer (or a
-    JSONL line that is not an object) and rows whose (normalised) answer is not an integer are dropped and counted
-    (the paper's RL filter), never a whole file rejected; a missing column or repeated ids is one error naming the
-    file."""
-    df, broken = schema.read_table(src, allow_broken=True)
-    if any(c not in df.columns for c in schema.REQUIRED):
-        schema.validate(df, src)  # raises, naming the file and the columns
-    df = df.with_columns(pl.col(c).cast(pl.String) for c in schema.REQUIRED)
-    rows_in = df.height + len(broken)
-    df = df.filter(~schema.malformed(df))
-    malformed = rows_in - df.height
-    df = df.with_columns(pl.col("answer").map_elements(clean.normalise_answer, return_dtype=pl.String))
-    df = df.filter(pl.col("answer").map_elements(clean.is_integer, return_dtype=pl.Boolean))
-    counts = {"rows_in": rows_in, "dropped_malformed": malformed,
-              "dropped_non_integer": rows_in - malformed - df.height, "rows_out": df.height}
+    """A user's problem table for RL or the world's evaluation split, in any layout `rstar2 data import` reads
+    (rstar2/data/formats.py: the problem schema, verl/DAPO chat prompts, GSM8K, problem/solution, problem/answer):
+    rows that cannot be read (a missing prompt or answer, a JSONL line that is not an object) and rows whose
+    (normalised) answer is not an integer are dropped and counted (the paper's RL filter), never a whole file
+    rejected (a row without an id gets `<file stem>-<row>`); a file in no known layout or with repeated ids is one error
+    naming the file."""
+    table = formats.read(src)
+    df = table.rows.filter(pl.col("answer").map_elements(clean.is_integer, return_dtype=pl.Boolean))
+    counts = {"rows_in": table.rows_in, "dropped_malformed": len(table.bad),
+              "dropped_non_integer": table.rows.height - df.height, "rows_out": df.height, "format": table.format}
     if df.height == 0:
         raise ValueError(f"{src}: no usable problem left ({counts})")
     return schema.validate(df, src), counts

@@ -59,7 +59,8 @@ def test_eval_split_keeps_non_integer_answers_and_no_suites_means_no_decontamina
 
 
 def test_dapo_layout_from_parquet(tmp_path):
-    head = "Solve the following math problem step by step. The last line of your response should be Answer: $Answer."
+    head = ("Solve the following math problem step by step. The last line of your response should be of the form "
+            "Answer: $Answer (without quotes) where $Answer is the answer to the problem.")  # DAPO-Math-17k's own
     tail = 'Remember to put your answer on its own line after "Answer:".'
     rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"{head}\n\nWhat is {i} + {i}?\n\n{tail}"}],
              "ability": "MATH", "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
@@ -145,4 +146,4 @@ def test_cli_writes_the_table_the_report_and_logs_the_dataset_to_mlflow(tmp_path
                              "tags.kind = 'data-import'")[0]
     assert run.inputs.dataset_inputs[0].dataset.name == "train" and run.data.metrics["dropped_near_duplicate"] == 1
     bad = CliRunner().invoke(app, ["data", "import", str(tmp_path / "r.json"), "--out", str(out)])
-    assert bad.exit_code == 2 and "no known problem layout" in bad.output
+    assert bad.exit_code == 2 and "r.json: no line is a JSON object" in bad.output

@@ -52,8 +52,8 @@ def test_bad_sources_are_one_clear_error(tmp_path):
     world = tmp_path / "world"
     world.mkdir()
     src = tmp_path / "t.parquet"
-    pl.DataFrame({"problem_id": ["a"], "question": ["p"], "answer": ["1"]}).write_parquet(src)
-    with pytest.raises(ValueError, match=r"t\.parquet lacks column\(s\) \['prompt'\].*rstar2 data import"):
+    pl.DataFrame({"problem_id": ["a"], "text": ["p"], "answer": ["1"]}).write_parquet(src)  # no problem column
+    with pytest.raises(ValueError, match=r"t\.parquet: no known problem layout in columns \['problem_id', 'text'"):
         build.sync_data(_cfg(tmp_path, train=src), world)
     with pytest.raises(ValueError, match=r"world.val_data: .*nope\.jsonl: no such file"):
         build.sync_data(_cfg(tmp_path, val=tmp_path / "nope.jsonl"), world)
