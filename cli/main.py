@@ -147,6 +147,46 @@ def plan_tables(res: dict, preset: str) -> list[Table]:
     return [sizes, verdict]
 
 
+@app.command("check")
+def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"),
+              set_: list[str] = typer.Option([], "--set", help="override, e.g. --set world.max_positions=4096"),
+              run_name: Optional[str] = typer.Option(None, help="the run directory whose world is checked (made "
+                                                               "there when missing; default: the preset's name)"),
+              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
+    """What a campaign checks before it starts: the model and its chat template, the context, every training and
+    evaluation prompt against it (the ones without room for their response budget are dropped, with their ids),
+    each of eval.suites, the SFT transcripts, the plan's verdict and the sandbox. Exit code 1 when the run cannot
+    start; dropped prompts are warnings."""
+    env.apply()
+    from rstar2 import config, preflight, runstate
+
+    try:
+        cfg = config.load(preset, set_)
+    except Exception as e:  # noqa: BLE001 - shown to the user as one line
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2)
+    res = preflight.run(cfg, runstate.run_dir(cfg, run_name))
+    console.print(check_table(res, preset))
+    warned = sum(c["status"] == preflight.WARN for c in res["checks"])
+    console.print(f"[green]ready[/green] ({warned} warning(s))" if res["ok"] else "[red]cannot start[/red]")
+    _write_json(json_path, res)
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
+def check_table(res: dict, preset: str) -> Table:
+    """One row per check: ok, warn or fail, and what was found."""
+    table = Table(title=f"rstar2 check '{preset}': context {res['context']} tokens; response budgets: training "
+                        f"{res['train_budget']}, evaluation {res['eval_budget']}")
+    for col in ("check", "status", "detail"):
+        table.add_column(col)
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for c in res["checks"]:
+        table.add_row(escape(c["check"]), f"[{colour[c['status']]}]{c['status']}[/{colour[c['status']]}]",
+                      escape(c["detail"]))
+    return table
+
+
 @app.command()
 def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YAML path (default: the tiny world "
                                                                 "where the policy recovers from tool errors)"),

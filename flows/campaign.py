@@ -30,6 +30,7 @@ from flows.evaluate import evaluate_checkpoint
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
 from tasks import rl, track
+from tasks.preflight import preflight
 from tasks.reports import campaign_report
 from tasks.run import run_context
 from tasks.world import run_sft
@@ -75,6 +76,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     plan.require_fit(cfg)  # a run that cannot fit its GPUs stops here, before Ray or any actor starts
     run = runstate.run_dir(cfg, params.run_name)
     run.mkdir(parents=True, exist_ok=True)
+    preflight(cfg, str(run), sft=not params.sft_checkpoint)  # model, every prompt, sandbox: before anything starts
     (run / "config.json").write_text(cfg.model_dump_json(indent=1))
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}
     seeds = [cfg.model_copy(update={"rl_seed": cfg.rl_seed + i}) for i in range(params.seeds)]

@@ -72,7 +72,7 @@ def evaluate_loaded(cfg: RunCfg, ctl: Controller, world: dict, model_dir: str, r
                              f"{out}.parquet", cfg.scheduler)
         rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir, meta, step, split)
         return result
-    tables = prepare_suites(cfg, str(Path(run_dir) / "suites"))
+    tables = prepare_suites(cfg, str(Path(run_dir) / "suites"), world.get("fit"))
     results = {s.name: rl.evaluate(ctl, model_dir, tables[s.name], cfg.eval, cfg.world.max_positions, cfg.sandbox,
                                    str(Path(out) / f"{s.name}.parquet"), cfg.scheduler, s.answer_type)
                for s in cfg.eval.suites}

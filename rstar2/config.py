@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +30,8 @@ class WorldCfg(_Cfg):
     heads: int = 4
     kv_heads: int = 2
     ffn: int = 704
-    max_positions: int = 2048
+    max_positions: int = 2048  # the context (prompt + response); with base_model, unless set with it (in the
+    # preset that names the model or after it), the model's own max_position_embeddings (`_context`)
     base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
     arch: dict | None = None  # the base model's config.json fields (model_type, hidden_size, ...): the shape `rstar2
     # plan` sizes memory from where base_model is not on this machine (a planning host without the weights)
@@ -38,6 +40,23 @@ class WorldCfg(_Cfg):
     train_data: str | None = None
     val_data: str | None = None
     test_data: str | None = None
+
+    @model_validator(mode="after")
+    def _context(self) -> "WorldCfg":
+        """With base_model and no max_positions of its own, the context is the model's (its config.json on this
+        machine, else world.arch); unknown: the default stays."""
+        if self.base_model and "max_positions" not in self.model_fields_set:
+            found = model_positions(self.base_model, self.arch)
+            if found:
+                self.max_positions = found
+        return self
+
+
+def model_positions(base_model: str, arch: dict | None = None) -> int | None:
+    """A model's max_position_embeddings: its config.json (or its text_config's), else world.arch's; None: unknown."""
+    path = Path(base_model) / "config.json"
+    mc = json.loads(path.read_text()) if path.is_file() else (arch or {})
+    return mc.get("max_position_embeddings") or (mc.get("text_config") or {}).get("max_position_embeddings")
 
 
 class SFTCfg(_Cfg):
@@ -333,18 +352,35 @@ def _merge(base: dict, over: dict) -> dict:
                        for k, v in over.items()}}
 
 
-def _read(path: Path, seen: tuple = ()) -> dict:
-    """A preset's tree; `base: other` starts from another preset and overrides it (sections merge, lists replace)."""
+def _layers(path: Path, seen: tuple = ()) -> list[dict]:
+    """A preset's trees, its bases' first: `base: other` starts from another preset and overrides it."""
     if path in seen:
         raise ValueError(f"preset {path.name} inherits from itself via {' -> '.join(p.name for p in seen)}")
     tree = yaml.safe_load(path.read_text()) or {}
     base = tree.pop("base", None)
     if base is None:
-        return tree
+        return [tree]
     base_path = PRESETS / f"{base}.yaml"
     if not base_path.is_file():
         raise ValueError(f"preset {path.name} has base {base!r}, which is not a preset ({', '.join(list_presets())})")
-    return _merge(_read(base_path, seen + (path,)), tree)
+    return _layers(base_path, seen + (path,)) + [tree]
+
+
+def _read(path: Path) -> dict:
+    """A preset's tree, its bases merged under it (sections merge, lists replace)."""
+    layers = _layers(path)
+    tree = layers[0]
+    for layer in layers[1:]:
+        tree = _merge(tree, layer)
+    return tree
+
+
+def _context_is_other_models(layers: list[dict]) -> bool:
+    """Whether world.max_positions was set only before (below) the layer that names world.base_model: then it was
+    another model's (the tiny preset's 1,024 for its own model), and the named model's own context applies."""
+    world = [layer.get("world") if isinstance(layer.get("world"), dict) else {} for layer in layers]
+    named = [i for i, w in enumerate(world) if "base_model" in w]
+    return bool(named) and not any("max_positions" in w for w in world[named[-1]:])
 
 
 def load(preset: str, overrides: list[str] | None = None) -> RunCfg:
@@ -353,10 +389,15 @@ def load(preset: str, overrides: list[str] | None = None) -> RunCfg:
     path = Path(preset) if preset.endswith((".yaml", ".yml", ".json")) else PRESETS / f"{preset}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown preset {preset!r}; available: {', '.join(list_presets())} (or a path to a .yaml)")
+    layers = _layers(path)
     tree = _read(path)
     for item in overrides or []:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like section.key=value")
         key, raw = item.split("=", 1)
         _set(tree, key.strip(), yaml.safe_load(raw))
+        layers.append({})
+        _set(layers[-1], key.strip(), yaml.safe_load(raw))
+    if _context_is_other_models(layers) and isinstance(tree.get("world"), dict):
+        tree["world"].pop("max_positions", None)  # WorldCfg then takes the model's own
     return RunCfg.model_validate(tree)

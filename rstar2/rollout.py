@@ -107,19 +107,29 @@ def after_turn(traj: Trajectory, text: str, finish: str, limits: RolloutLimits, 
     return Pending(traj, request=req)
 
 
+def prompt_ids(chat: ChatFormat, questions: list[str]) -> list[list[int]]:
+    """The token ids of each problem's prompt, rendered with the model's chat template (one batched tokenizer call)."""
+    texts = [chat.prompt(q) for q in questions]
+    return chat.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def fits(prompt_len: int, limits: RolloutLimits) -> bool:
+    """The one rule of room to answer (the rollout's and `rstar2 check`'s): the prompt and the whole response budget
+    fit the context (verl's filter_overlong_prompts: prompt + max response <= max_model_len)."""
+    return limits.max_model_len is None or prompt_len + limits.max_response_tokens <= limits.max_model_len
+
+
 def make_trajs(chat: ChatFormat, problems: list[dict], n_samples: int, limits: RolloutLimits,
                seed: int | str | None = None) -> list[Trajectory]:
     """`n_samples` trajectories per problem; with `seed`, trajectory k of a problem samples from a seed of its own
     (derived from seed, problem id and k)."""
     trajs: list[Trajectory] = []
-    for p in problems:
-        prompt_ids = chat.encode(chat.prompt(p["prompt"]))
-        budget = limits.max_response_tokens
-        if limits.max_model_len:
-            budget = min(budget, limits.max_model_len - len(prompt_ids))
-        if budget <= 0:
-            raise ValueError(f"problem {p['problem_id']}: prompt of {len(prompt_ids)} tokens leaves no room to answer")
-        trajs += [Trajectory(p["problem_id"], k, str(p["answer"]), prompt_ids, budget,
+    for p, ids in zip(problems, prompt_ids(chat, [p["prompt"] for p in problems])):
+        if not fits(len(ids), limits):
+            raise ValueError(f"problem {p['problem_id']}: a prompt of {len(ids)} tokens leaves no room for "
+                             f"{limits.max_response_tokens} response tokens in a context of {limits.max_model_len} "
+                             "(world.max_positions); `rstar2 check` drops such prompts before a campaign starts")
+        trajs += [Trajectory(p["problem_id"], k, str(p["answer"]), ids, limits.max_response_tokens,
                              seed=None if seed is None else zlib.crc32(f"{seed}/{p['problem_id']}/{k}".encode()))
                   for k in range(n_samples)]
     return trajs

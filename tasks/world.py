@@ -15,16 +15,12 @@ from tasks import costs
 def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
     """Make the world once per run directory (committed atomically); a retried or later flow reuses it. The user's
     problem tables (world.<split>_data) are brought in again whenever their content changed."""
-    from rstar2 import checkpoint
-
-    out = Path(out_dir)
-    if not checkpoint.is_committed(out):
-        checkpoint.commit(out, lambda tmp: build.build(cfg, tmp), {"kind": "world", "seed": cfg.seed})
-    for split, r in build.sync_data(cfg, out).items():
+    uris, synced = build.ensure(cfg, Path(out_dir))
+    for split, r in synced.items():
         get_run_logger().warning(f"world.{split}_data {r['source']}: {r['rows_out']} of {r['rows_in']} rows kept "
                                  f"({r['dropped_malformed']} malformed, {r['dropped_non_integer']} with a "
                                  f"non-integer answer dropped)")
-    return build.uris(cfg, out)
+    return uris
 
 
 @task(name="sft", cache_policy=None)
@@ -46,9 +42,11 @@ def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
 
 @task(name="prepare-suites", cache_policy=None)
 @costs.work
-def prepare_suites(cfg: RunCfg, out_dir: str) -> dict[str, str]:
+def prepare_suites(cfg: RunCfg, out_dir: str, fit: str | None = None) -> dict[str, str]:
     """Each of eval.suites read from its file (rstar2/data/suites.py) and written in the problem schema as
-    `<out_dir>/<name>.parquet`, again each time (an edited suite file is picked up); suite name -> that table."""
+    `<out_dir>/<name>.parquet`, again each time (an edited suite file is picked up), less the problems the
+    preflight's record `fit` dropped (the world's "fit"); suite name -> that table."""
+    from rstar2 import preflight
     from rstar2.data import suites
 
     out = Path(out_dir)
@@ -56,5 +54,5 @@ def prepare_suites(cfg: RunCfg, out_dir: str) -> dict[str, str]:
     found = {}
     for s in cfg.eval.suites:
         found[s.name] = str(out / f"{s.name}.parquet")
-        suites.load(s, cfg.eval.seed).write_parquet(found[s.name])
+        preflight.exclude(suites.load(s, cfg.eval.seed), fit, f"suite:{s.name}").write_parquet(found[s.name])
     return found

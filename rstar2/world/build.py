@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.checkpoint import write_atomic
+from rstar2.checkpoint import commit, is_committed, write_atomic
 from rstar2 import transcripts
 from rstar2.chat import ChatFormat
 from rstar2.config import RunCfg
@@ -18,15 +18,18 @@ from rstar2.world import model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")
 SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
+FIT = "fit.json"  # the preflight's record (rstar2/preflight.py): the context and the prompt ids it dropped
 
 
 def _source(cfg: RunCfg, split: str) -> str | None:
     return getattr(cfg.world, f"{split}_data")
 
 
-def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
+def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
     """Where a world built under `out` keeps its parts: problem splits (the user's own, as `data-<split>.parquet`,
-    when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer)."""
+    when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer). `fitted`: a
+    split the preflight dropped prompts from is its kept rows (`fit-<split>.parquet`, while newer than the split),
+    and `fit` names the preflight's record (the suites' dropped ids)."""
     w = cfg.world
     found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test")}
     found["sft_data"] = cfg.sft.data or str(out / "sft_data.jsonl")
@@ -35,7 +38,23 @@ def uris(cfg: RunCfg, out: Path) -> dict[str, str]:
     for split in ("val", "test"):
         if w.base_model and not _source(cfg, split):
             del found[split]  # optional with real assets and eval.suites; asking to evaluate on it then fails clearly
+    if fitted:
+        for split in [s for s in SPLITS if s in found]:
+            kept, src = out / f"fit-{split}.parquet", Path(found[split])
+            if kept.is_file() and (not src.is_file() or kept.stat().st_mtime_ns >= src.stat().st_mtime_ns):
+                found[split] = str(kept)  # else the split changed since the preflight: whole, until it runs again
+        if (out / FIT).is_file():
+            found["fit"] = str(out / FIT)
     return found
+
+
+def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:
+    """The world under `out`, made once (committed atomically; a later call reuses it), with the user's problem
+    tables brought in again whenever their content changed: (its URIs, the records of the tables brought in now)."""
+    if not is_committed(out):
+        commit(out, lambda tmp: build(cfg, tmp), {"kind": "world", "seed": cfg.seed})
+    synced = sync_data(cfg, out)
+    return uris(cfg, out), synced
 
 
 def build(cfg: RunCfg, out: Path) -> dict[str, str]:

@@ -1,0 +1,29 @@
+"""The campaign's first task: the preflight (rstar2/preflight.py), its rows logged and kept as a Prefect artifact; a
+run that cannot start stops here, before SFT, Ray or any actor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from rstar2 import preflight as checks
+from rstar2.config import RunCfg
+from tasks import costs
+
+
+@task(name="preflight", cache_policy=None, retries=0)
+@costs.work
+def preflight(cfg: RunCfg, run_dir: str, sft: bool = True) -> dict:
+    """Every check of `rstar2 check` for the run in `run_dir`; PreflightError naming what failed, else the figures
+    (what was dropped is recorded in the world, which RL and evaluation then read)."""
+    res = checks.run(cfg, Path(run_dir), sft)
+    log = get_run_logger()
+    for c in res["checks"]:
+        (log.info if c["status"] == checks.OK else log.warning)(f"preflight {c['status']}: {c['check']}: {c['detail']}")
+    table = "| check | status | detail |\n|---|---|---|\n" + "".join(
+        f"| {c['check']} | {c['status']} | {c['detail'].replace('|', '/')} |\n" for c in res["checks"])
+    with costs.prefect():
+        create_markdown_artifact(table, key="preflight", description="what the campaign checked before it started")
+    return checks.require(res)
