@@ -14,6 +14,7 @@ from rich.table import Table
 
 from bench import trainer as bench_trainer
 from cli import env
+from rstar2.data import FORMATS as DATA_FORMATS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and CI too
@@ -33,6 +34,9 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
              sft_checkpoint: Optional[str] = typer.Option(None, help="start RL from this committed SFT model"),
              seeds: int = typer.Option(1, min=1, help="RL seeds from the one SFT model (rl_seed, rl_seed+1, ...): "
                                                       "the gain's mean, min, max and 95 % interval over them"),
+             world_seeds: int = typer.Option(1, min=1, help="worlds (seed, seed+1, ...), each with its own SFT "
+                                                             "model and the RL seeds: every gain, their min, mean "
+                                                             "and intervals"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the summary figures here")):
     """Run a campaign end to end: world -> SFT -> RL stages -> evaluation (a Prefect flow, tracked in MLflow).
     Run it again with the same arguments to resume a killed or failed run from its last committed checkpoint."""
@@ -40,8 +44,20 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
     _check_preset(preset, set_)
     from flows.campaign import CampaignParams, campaign as campaign_flow
 
-    summary = campaign_flow(CampaignParams(preset=preset, overrides=set_, run_name=run_name,
-                                           sft_checkpoint=sft_checkpoint, seeds=seeds))
+    params = CampaignParams(preset=preset, overrides=set_, run_name=run_name, sft_checkpoint=sft_checkpoint,
+                            seeds=seeds)
+    if world_seeds > 1:
+        from flows.campaign_worlds import campaign_worlds
+
+        if sft_checkpoint:
+            console.print("[red]error:[/red] --world-seeds trains one SFT model per world; drop --sft-checkpoint")
+            raise typer.Exit(2)
+        summary = campaign_worlds(params, world_seeds)
+        console.print(worlds_table(summary, preset))
+        console.print(f"wall time {summary['wall_s']:.0f} s; run dirs {', '.join(summary['world_run_dirs'].values())}")
+        _write_json(json_path, summary)
+        return
+    summary = campaign_flow(params)
     console.print(campaign_table(summary, preset))
     for s in summary["by_seed"]:
         console.print(f"stages (rl_seed {s['rl_seed']}): " + ", ".join(f"{k} (ended: {v})"
@@ -73,6 +89,25 @@ def campaign_table(summary: dict, preset: str) -> Table:
                       *(f"{summary.get(f'pass_at_{k}_rl', float('nan')):.3f}" for k in ks),
                       f"{summary['pass1_gain']:+.3f} [{summary['pass1_gain_min']:+.3f}, {summary['pass1_gain_max']:+.3f}]"
                       f" ({lo:+.3f}, {hi:+.3f})", style="bold")
+    return table
+
+
+def worlds_table(summary: dict, preset: str) -> Table:
+    """One row per (world seed, RL seed): the world's SFT pass@1, after RL, the gain; then every gain's mean with
+    min, max, the interval over runs and the interval over world means."""
+    table = Table(title=f"rstar2 campaign '{preset}': held-out pass@1 ({summary['eval_samples']} samples x "
+                        f"{summary['eval_problems']} problems) over {len(summary['world_seeds'])} worlds x "
+                        f"{summary['seeds']} RL seeds")
+    for col in ("world seed", "rl seed", "SFT", "after RL", "gain"):
+        table.add_column(col, justify="right")
+    for r in summary["runs"]:
+        table.add_row(str(r["world_seed"]), str(r["rl_seed"]), f"{r['pass1_sft']:.3f}", f"{r['pass1']:.3f}",
+                      f"{r['pass1_gain']:+.3f}")
+    (lo, hi), (wlo, whi) = summary["pass1_gain_ci95"], summary["pass1_gain_worlds_ci95"]
+    table.add_row(escape(f"all {len(summary['runs'])}: mean [min, max]"), "", "", "",
+                  f"{summary['pass1_gain_mean']:+.3f} [{summary['pass1_gain_min']:+.3f}, "
+                  f"{summary['pass1_gain_max']:+.3f}]", style="bold")
+    table.add_row("95 % interval: runs / world means", "", "", "", f"({lo:+.3f}, {hi:+.3f}) / ({wlo:+.3f}, {whi:+.3f})")
     return table
 
 
@@ -195,8 +230,9 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
              set_: list[str] = typer.Option([], "--set", help="override applied to every variant"),
              name: str = typer.Option("ablation", help="run directories are <name>-<variant>"),
              sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),
-             seeds: int = typer.Option(1, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
-                                                      "whether it differs from the first beyond that noise"),
+             seeds: int = typer.Option(3, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
+                                                      "whether it differs from the first beyond that noise (seed "
+                                                      "by seed for the tool-error rate among positives)"),
              last_steps: int = typer.Option(3, min=1, help="training figures at the end of RL: each seed's mean "
                                                            "over its last N steps"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
@@ -224,8 +260,25 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
     for r in res["per_step"]:
         steps.add_row(*[str(r.get(c, "")) for c in cols])
     console.print(steps)
+    for line in ablation_conclusions(res):
+        console.print(line)
     console.print(f"plots: {res['plots']} (also in MLflow, run {res['mlflow_run_id']})")
     _write_json(json_path, res)
+
+
+def ablation_conclusions(res: dict) -> list[str]:
+    """One line per variant on the tool-error rate among positives against the first variant, from the paired
+    ratio over seeds (rstar2.stats.paired_log_ratio): higher, lower, or not beyond the seeds' noise."""
+    lines = []
+    for v, figs in res["last_steps"]["vs_baseline"].items():
+        c = figs.get("tool_error_rate_pos", {})
+        p = c.get("paired_ratio")
+        if not p or not p["ci95"]:
+            continue
+        verdict = "higher" if p["higher"] else "lower" if p["lower"] else "not beyond the seeds' noise"
+        lines.append(f"tool-error rate among positives, {v} / {c['baseline']} seed by seed: {p['ratio']:.2f}x "
+                     f"(95 % interval {p['ci95'][0]:.2f}x-{p['ci95'][1]:.2f}x): {v}'s is {verdict}")
+    return lines
 
 
 def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
@@ -514,7 +567,7 @@ app.add_typer(data_app, name="data")
 def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
                 out: Path = typer.Option(..., "--out", help="the Parquet file to write"),
                 fmt: str = typer.Option("auto", "--format", help="auto (detected from the columns) or one of: " +
-                                        ", ".join(__import__("rstar2.data", fromlist=["FORMATS"]).FORMATS)),
+                                        ", ".join(DATA_FORMATS)),
                 split: str = typer.Option("rl", help="rl: integer answers only (the paper's filter); eval: all"),
                 preset: str = typer.Option("tiny", help="its eval.suites are what the data is decontaminated "
                                                         "against; its data section sets the thresholds"),

@@ -43,6 +43,7 @@ class CampaignParams(BaseModel):
     run_name: str | None = None  # the run directory under out_dir (default: the preset's name)
     sft_checkpoint: str | None = None  # start RL from this committed SFT model instead of training one (ablations)
     seeds: int = Field(1, ge=1)  # RL seeds from the one SFT model (1: today's single run and layout)
+    parent_mlflow_run_id: str | None = None  # nest this campaign's MLflow run (flows/campaign_worlds.py's worlds)
 
 
 EVAL_KEYS = ("pass1", "pass1_se", "problems", "samples")  # with pass_at_{k}: what a seed reports of its evaluation
@@ -81,7 +82,8 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}
     seeds = [cfg.model_copy(update={"rl_seed": cfg.rl_seed + i}) for i in range(params.seeds)]
     with run_context(cfg, run, run.name, tags, owns_run=True, link_key="campaign-mlflow", params=cfg.model_dump(),
-                     set_tags={"seeds": params.seeds}) as ctx:  # a tag, not a param: a re-run may add seeds
+                     set_tags={"seeds": params.seeds},  # a tag, not a param: a re-run may add seeds
+                     parent_id=params.parent_mlflow_run_id) as ctx:
         ctl, world, exp_id, run_id = ctx.ctl, ctx.world, ctx.experiment_id, ctx.mlflow_run_id
         sft_model = _sft_model(cfg, params, world, run)
         by_seed = []

@@ -72,3 +72,24 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
     text = console.export_text()
     assert "plain-grpo" in text and "+0.000" in text and "no" in text
     assert "tool_error_rate_pos" in text and "[-0.0484, 0.4484]" in text  # 0.2 +- 4.302653 * 0.1 / sqrt(3) = 0.2484
+
+
+def test_worlds_table_and_the_ablations_paired_conclusion():
+    from rstar2 import report
+    from cli.main import ablation_conclusions, worlds_table
+
+    sft = {"pass1": 0.40, "pass1_se": 0.03}
+    worlds = {w: report.seed_aggregate({**sft, "pass1": 0.40 - 0.1 * w},
+                                       [{"rl_seed": i, "pass1": v, "pass1_se": 0.02} for i, v in enumerate([0.6, 0.7])])
+              for w in (0, 1)}  # gains 0.20 0.30 | 0.30 0.40
+    summary = {**report.world_aggregate(worlds), "seeds": 2, "eval_samples": 4, "eval_problems": 200}
+    console = Console(width=200, record=True)
+    console.print(worlds_table(summary, "tiny"))
+    text = console.export_text()
+    assert "over 2 worlds x 2 RL seeds" in text and "0.300" in text and "+0.400" in text
+    assert "+0.300 [+0.200, +0.400]" in text  # mean [min, max] of the four gains
+    curves = {"roc": [{"tool_error_rate_pos": [(1, v)]} for v in (0.02, 0.03, 0.02)],
+              "plain-grpo": [{"tool_error_rate_pos": [(1, v)]} for v in (0.12, 0.10, 0.11)]}
+    res = {"last_steps": report.last_steps_summary(curves, 1)}
+    assert ablation_conclusions(res) == ["tool-error rate among positives, plain-grpo / roc seed by seed: 4.10x "
+                                         "(95 % interval 2.08x-8.10x): plain-grpo's is higher"]
