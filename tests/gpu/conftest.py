@@ -13,10 +13,10 @@ import pytest
 # bits)
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-# Qwen3-0.6B's body (28 layers, hidden 1024, GQA 16/8, head 128) on the fixture's 1K-token vocabulary: ~0.44B
-# parameters, so the engine, the trainer's ZeRO states and the weight sync have the sizes of the 0.5-1.5B presets
+# Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8, head 128, Qwen's 151,936-row vocabulary, tied embeddings):
+# ~0.6B parameters, so the engine, the trainer's ZeRO states and the weight sync have the sizes of the 0.5-1.5B presets
 QWEN_05B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=128)
+                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 
 
 def cuda_missing() -> str | None:
