@@ -2,19 +2,19 @@
 
 An agentic-RL run that collapses shows it first in how the policy uses its environment, before the reward falls:
 more malformed answers and more failing tool calls (format violations 0.20 -> 0.63 and tool errors 0.25 -> 0.58 in
-the weak-start runs of docs/findings.md). The alert watches those two rates, each against the run's own noise: a
-healthy run's rate jumps by 0.10-0.14 for one step and falls back the next (tiny campaign, 256 trajectories a step),
-so one step says nothing; a collapse stays up. For a rate x_1..x_t, with the last `persist` steps R = x_{t-p+1..t}
-and the steps before them P = x_1..x_{t-p} (at least `min_history` of them):
+the weak-start runs of docs/findings.md). The alert watches those two rates, each against where the run started and
+against the run's own noise. Healthy tiny campaigns move a rate by 0.10-0.15 for a step or even four (format
+violations 0.04 -> 0.20 -> 0.07 in a run that gained +0.285) and still end far below where they started; a collapse
+takes the policy past the SFT model it started from and keeps it there. For a rate x_1..x_t, with the last
+`persist` steps R = x_{t-p+1..t} and the steps before them P = x_1..x_{t-p} (at least `min_history` of them):
 
     sigma = max(noise_floor, 1.4826 * median_i |x_i - x_{i-1}| / sqrt(2))   over P   (robust step-to-step sd)
-    b     = min_i (x_{i-1} + x_i) / 2                                         over P   (the best level it held)
-    fire  ⇔  min(R) ≥ b + z * sigma
+    s     = (x_1 + x_2) / 2                                                            (where the run started)
+    fire  ⇔  min(R) ≥ s + z * sigma
 
-i.e. each of the last 2 steps is 3 noise-sds above the best two-step level the run held before them. The median of
-step differences is the noise of the run itself, not of its trend or its blips; the noise floor (0.02, about the
-binomial standard error of a rate of 0.1 over 256 trajectories) keeps a run that happened to be smooth from firing on
-small moves: the least rise that fires is 0.06.
+i.e. each of the last 2 steps is 3 noise-sds above the run's starting level. The median of step differences is the
+noise of the run itself, not of its trend or its blips; the noise floor (0.02, about the binomial standard error of a
+rate of 0.1 over 256 trajectories) keeps a run that happened to be smooth from firing on small moves.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import statistics
 
 WATCHED = ("format_violation_rate", "tool_error_rate")
 PERSIST = 2  # steps the rise must hold
-MIN_HISTORY = 3  # steps before them to measure the level and the noise from
-Z = 3.0  # noise sds above the level
+MIN_HISTORY = 3  # steps before them to measure the starting level and the noise from
+Z = 3.0  # noise sds above the starting level
 NOISE_FLOOR = 0.02
 _EPS = 1e-9  # float rounding: 0.10 + 3 x 0.02 is 0.16, not 0.16000000000000003
 
@@ -52,20 +52,20 @@ def health_line(metrics: dict, step: int) -> str:
 
 def collapse_alert(history: list[dict], persist: int = PERSIST, min_history: int = MIN_HISTORY, z: float = Z,
                    noise_floor: float = NOISE_FLOOR) -> list[str] | None:
-    """Whether the latest step of `history` (per-step metrics, oldest first) shows a sustained rise of
-    format_violation_rate or tool_error_rate above the run's own noise (the module's rule). Returns what fired, e.g.
-    ["tool_error_rate 0.10 -> 0.26 (noise 0.02)"] (best level before -> latest), or None. Steps missing a metric are
-    left out of its series; a series too short for the rule never fires."""
+    """Whether the latest step of `history` (per-step metrics, oldest first) shows format_violation_rate or
+    tool_error_rate risen above the run's starting level by z noise-sds for the last `persist` steps (the module's
+    rule). Returns what fired, e.g. ["tool_error_rate 0.14 -> 0.40 (noise 0.02)"] (starting level -> latest), or
+    None. Steps missing a metric are left out of its series; a series too short for the rule never fires."""
     fired = []
     for key in WATCHED:
         x = [v for h in history if (v := _value(h, key)) is not None]
         past, recent = x[:-persist], x[-persist:]
-        if len(past) < max(min_history, 2) or len(recent) < persist:
+        if len(past) < max(min_history, 3) or len(recent) < persist:
             continue
         sigma = max(noise_floor, 1.4826 * statistics.median(abs(b - a) for a, b in zip(past, past[1:])) / math.sqrt(2))
-        level = min((a + b) / 2 for a, b in zip(past, past[1:]))
-        if min(recent) + _EPS >= level + z * sigma:
-            fired.append(f"{key} {level:.2f} -> {recent[-1]:.2f} (noise {sigma:.2f})")
+        start = (x[0] + x[1]) / 2
+        if min(recent) + _EPS >= start + z * sigma:
+            fired.append(f"{key} {start:.2f} -> {recent[-1]:.2f} (noise {sigma:.2f})")
     return fired or None
 
 

@@ -48,36 +48,37 @@ def alerts(table, **kw):
     return {h[i]["step"]: a for i in range(len(h)) if (a := collapse_alert(h[:i + 1], **kw))}
 
 
-def test_collapse_fires_first_at_step_8_on_tool_errors_then_on_format():
+def test_collapse_fires_first_at_step_9_on_tool_errors_then_on_format():
     got = alerts(COLLAPSE)
-    # step 7: tool errors, steps before the last two 0.15 0.12 0.10 0.09 0.11: |differences| 0.03 0.02 0.01 0.02,
-    # median 0.02, noise 1.4826 x 0.02 / sqrt 2 = 0.021; two-step levels 0.135 0.11 0.095 0.10, best 0.095;
-    # threshold 0.095 + 3 x 0.021 = 0.158 > 0.15. Step 8: the last two 0.17 0.26 both above (the same noise and level).
-    # Format at step 8: noise 1.4826 x 0.03 / sqrt 2 = 0.031, level 0.125, threshold 0.219 > 0.21; step 9: 0.25 0.36.
-    assert min(got) == 8 and first_collapse(rows(COLLAPSE)) == (7, ["tool_error_rate 0.10 -> 0.26 (noise 0.02)"])
-    assert got[9] == ["format_violation_rate 0.12 -> 0.36 (noise 0.03)", "tool_error_rate 0.10 -> 0.40 (noise 0.02)"]
-    assert sorted(got) == [8, 9, 10, 11, 12]  # a collapse stays collapsed: the alert holds while the rates stay up
+    # tool errors start at (0.15 + 0.12) / 2 = 0.135. Step 8: before the last two, 0.15 0.12 0.10 0.09 0.11 0.15:
+    # |differences| 0.03 0.02 0.01 0.02 0.04, median 0.02, noise 1.4826 x 0.02 / sqrt 2 = 0.021; threshold
+    # 0.135 + 3 x 0.021 = 0.198 > 0.17. Step 9: the same noise, the last two 0.26 0.40 both above.
+    # Format starts at 0.18; step 9: noise 1.4826 x 0.03 / sqrt 2 = 0.031, threshold 0.274 > 0.25; step 10: 0.36 0.51.
+    assert min(got) == 9 and first_collapse(rows(COLLAPSE)) == (8, ["tool_error_rate 0.14 -> 0.40 (noise 0.02)"])
+    assert got[10] == ["format_violation_rate 0.18 -> 0.51 (noise 0.03)", "tool_error_rate 0.14 -> 0.69 (noise 0.02)"]
+    assert sorted(got) == [9, 10, 11, 12]  # a collapse stays collapsed: the alert holds while the rates stay up
 
 
 def test_healthy_run_never_fires():
     assert alerts(HEALTHY) == {} and first_collapse(rows(HEALTHY)) is None
 
 
-def test_one_step_blip_never_fires_a_sustained_rise_does():
+def test_a_rise_below_the_start_or_for_one_step_never_fires_a_sustained_one_above_does():
     blip = [{"tool_error_rate": v} for v in (0.10, 0.11, 0.09, 0.10, 0.40, 0.10, 0.11)]
     assert [collapse_alert(blip[:i]) for i in range(1, 8)] == [None] * 7
-    rise = [{"tool_error_rate": v} for v in (0.10, 0.11, 0.09, 0.10, 0.40, 0.30)]
-    # noise 1.4826 x median(0.01, 0.02, 0.01) / sqrt 2 = 0.0105 -> the floor 0.02; level 0.10; 0.30 >= 0.16
-    assert collapse_alert(rise) == ["tool_error_rate 0.10 -> 0.30 (noise 0.02)"]
+    back = [{"tool_error_rate": v} for v in (0.20, 0.18, 0.10, 0.05, 0.04, 0.15, 0.18, 0.05)]  # up 4x, below 0.19
+    assert [collapse_alert(back[:i]) for i in range(1, 9)] == [None] * 8
+    rise = [{"tool_error_rate": v} for v in (0.10, 0.12, 0.09, 0.10, 0.40, 0.30)]
+    # noise 1.4826 x median(0.02, 0.03, 0.01) / sqrt 2 = 0.021; start 0.11; 0.30 >= 0.11 + 0.063
+    assert collapse_alert(rise) == ["tool_error_rate 0.11 -> 0.30 (noise 0.02)"]
 
 
 def test_the_threshold_scales_with_the_runs_own_noise():
-    quiet = [0.20, 0.22, 0.20, 0.22, 0.20]  # noise 1.4826 x 0.02 / sqrt 2 = 0.021
-    noisy = [0.20, 0.30, 0.20, 0.30, 0.20]  # |differences| 0.10: noise 1.4826 x 0.10 / sqrt 2 = 0.105
-    up = [0.30, 0.30]
-    assert collapse_alert([{"format_violation_rate": v} for v in quiet + up]) == [
-        "format_violation_rate 0.21 -> 0.30 (noise 0.02)"]  # level 0.21, threshold 0.273
-    assert collapse_alert([{"format_violation_rate": v} for v in noisy + up]) is None  # threshold 0.25 + 0.31
+    quiet = [0.20, 0.22, 0.20, 0.22, 0.20]  # noise 1.4826 x 0.02 / sqrt 2 = 0.021: threshold 0.21 + 0.063
+    noisy = [0.20, 0.30, 0.20, 0.30, 0.20]  # |differences| 0.10: noise 0.105, threshold 0.25 + 0.31
+    assert collapse_alert([{"format_violation_rate": v} for v in quiet + [0.30, 0.30]]) == [
+        "format_violation_rate 0.21 -> 0.30 (noise 0.02)"]
+    assert collapse_alert([{"format_violation_rate": v} for v in noisy + [0.30, 0.30]]) is None
     assert collapse_alert([{"format_violation_rate": v} for v in noisy + [0.60, 0.60]]) == [
         "format_violation_rate 0.25 -> 0.60 (noise 0.10)"]
 
@@ -132,21 +133,19 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
         assert 0.0 <= cost["orchestration_overhead_frac"] <= 1.0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
-    assert out[-3:] == ["[s1] ALERT collapse at step 108: tool_error_rate 0.10 -> 0.26 (noise 0.02)",
-                        "[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
+    assert out[-2:] == ["[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
                         "clip-lo - | entropy -",
-                        "[s1] ALERT collapse at step 109: format_violation_rate 0.12 -> 0.36 (noise 0.03); "
-                        "tool_error_rate 0.10 -> 0.40 (noise 0.02)"]
-    tags = {"alert.collapse": "step 108: tool_error_rate 0.10 -> 0.26 (noise 0.02)", "alert.collapse_step": "108"}
-    tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 8's commit, before tagging
+                        "[s1] ALERT collapse at step 109: tool_error_rate 0.14 -> 0.40 (noise 0.02)"]
+    tags = {"alert.collapse": "step 109: tool_error_rate 0.14 -> 0.40 (noise 0.02)", "alert.collapse_step": "109"}
+    tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 9's commit, before tagging
     log_step.fn(h[:10], 100, "s1", run_id, campaign, since)
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "[s1] ALERT collapse at step 110: format_violation_rate 0.12 -> 0.51 (noise 0.03); "
-        "tool_error_rate 0.10 -> 0.69 (noise 0.02)")
+        "[s1] ALERT collapse at step 110: format_violation_rate 0.18 -> 0.51 (noise 0.03); "
+        "tool_error_rate 0.14 -> 0.69 (noise 0.02)")
     client = tracking.client()
     assert {k: client.get_run(run_id).data.tags.get(k) for k in tags} == tags
     history = lambda run, key: sorted((m.step, m.value) for m in client.get_metric_history(run, key))  # noqa: E731
-    assert history(run_id, "collapse_alert") == [(100 + s, float(s >= 8)) for s in range(1, 11)]
+    assert history(run_id, "collapse_alert") == [(100 + s, float(s >= 9)) for s in range(1, 11)]
     assert history(run_id, "tool_error_rate") == [(100 + s, r["tool_error_rate"]) for s, r in enumerate(h[:10], 1)]
     assert [s for s, _ in history(run_id, "orchestration_overhead_frac")] == list(range(101, 111))
     assert history(campaign, "reward_mean") == [(100 + s, r["reward_mean"]) for s, r in enumerate(h[:10], 1)]
