@@ -12,9 +12,11 @@ takes the policy past the SFT model it started from and keeps it there. For a ra
     s     = (x_1 + x_2) / 2                                                            (where the run started)
     fire  ⇔  min(R) ≥ s + z * sigma
 
-i.e. each of the last 2 steps is 3 noise-sds above the run's starting level. The median of step differences is the
+i.e. each of the last 2 steps is 2 noise-sds above the run's starting level. The median of step differences is the
 noise of the run itself, not of its trend or its blips; the noise floor (0.02, about the binomial standard error of a
-rate of 0.1 over 256 trajectories) keeps a run that happened to be smooth from firing on small moves.
+rate of 0.1 over 256 trajectories) keeps a run that happened to be smooth from firing on small moves. On the recorded
+runs (tests/data/health/) no healthy run ever had two steps in a row above its starting level (the highest, in noise
+sds: -0.26), and the weak-start collapses reached 4.3 and 5.1 sds, firing 1 step after their start.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import statistics
 WATCHED = ("format_violation_rate", "tool_error_rate")
 PERSIST = 2  # steps the rise must hold
 MIN_HISTORY = 3  # steps before them to measure the starting level and the noise from
-Z = 3.0  # noise sds above the starting level
+Z = 2.0  # noise sds above the starting level
 NOISE_FLOOR = 0.02
 _EPS = 1e-9  # float rounding: 0.10 + 3 x 0.02 is 0.16, not 0.16000000000000003
 

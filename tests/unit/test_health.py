@@ -48,13 +48,15 @@ def alerts(table, **kw):
     return {h[i]["step"]: a for i in range(len(h)) if (a := collapse_alert(h[:i + 1], **kw))}
 
 
-def test_collapse_fires_first_at_step_9_on_tool_errors_then_on_format():
+def test_collapse_fires_first_at_step_9_on_both_rates():
     got = alerts(COLLAPSE)
     # tool errors start at (0.15 + 0.12) / 2 = 0.135. Step 8: before the last two, 0.15 0.12 0.10 0.09 0.11 0.15:
     # |differences| 0.03 0.02 0.01 0.02 0.04, median 0.02, noise 1.4826 x 0.02 / sqrt 2 = 0.021; threshold
-    # 0.135 + 3 x 0.021 = 0.198 > 0.17. Step 9: the same noise, the last two 0.26 0.40 both above.
-    # Format starts at 0.18; step 9: noise 1.4826 x 0.03 / sqrt 2 = 0.031, threshold 0.274 > 0.25; step 10: 0.36 0.51.
-    assert min(got) == 9 and first_collapse(rows(COLLAPSE)) == (8, ["tool_error_rate 0.14 -> 0.40 (noise 0.02)"])
+    # 0.135 + 2 x 0.021 = 0.177 > 0.17. Step 9: the same noise, the last two 0.26 0.40 both above.
+    # Format starts at 0.18; step 8: 0.21 < 0.18 + 2 x 0.021; step 9: |differences| median 0.03, noise 0.031,
+    # threshold 0.243 <= 0.25 0.36.
+    both = ["format_violation_rate 0.18 -> 0.36 (noise 0.03)", "tool_error_rate 0.14 -> 0.40 (noise 0.02)"]
+    assert min(got) == 9 and first_collapse(rows(COLLAPSE)) == (8, both)
     assert got[10] == ["format_violation_rate 0.18 -> 0.51 (noise 0.03)", "tool_error_rate 0.14 -> 0.69 (noise 0.02)"]
     assert sorted(got) == [9, 10, 11, 12]  # a collapse stays collapsed: the alert holds while the rates stay up
 
@@ -69,13 +71,13 @@ def test_a_rise_below_the_start_or_for_one_step_never_fires_a_sustained_one_abov
     back = [{"tool_error_rate": v} for v in (0.20, 0.18, 0.10, 0.05, 0.04, 0.15, 0.18, 0.05)]  # up 4x, below 0.19
     assert [collapse_alert(back[:i]) for i in range(1, 9)] == [None] * 8
     rise = [{"tool_error_rate": v} for v in (0.10, 0.12, 0.09, 0.10, 0.40, 0.30)]
-    # noise 1.4826 x median(0.02, 0.03, 0.01) / sqrt 2 = 0.021; start 0.11; 0.30 >= 0.11 + 0.063
+    # noise 1.4826 x median(0.02, 0.03, 0.01) / sqrt 2 = 0.021; start 0.11; 0.30 >= 0.11 + 2 x 0.021
     assert collapse_alert(rise) == ["tool_error_rate 0.11 -> 0.30 (noise 0.02)"]
 
 
 def test_the_threshold_scales_with_the_runs_own_noise():
-    quiet = [0.20, 0.22, 0.20, 0.22, 0.20]  # noise 1.4826 x 0.02 / sqrt 2 = 0.021: threshold 0.21 + 0.063
-    noisy = [0.20, 0.30, 0.20, 0.30, 0.20]  # |differences| 0.10: noise 0.105, threshold 0.25 + 0.31
+    quiet = [0.20, 0.22, 0.20, 0.22, 0.20]  # noise 1.4826 x 0.02 / sqrt 2 = 0.021: threshold 0.21 + 0.042
+    noisy = [0.20, 0.30, 0.20, 0.30, 0.20]  # |differences| 0.10: noise 0.105, threshold 0.25 + 0.21
     assert collapse_alert([{"format_violation_rate": v} for v in quiet + [0.30, 0.30]]) == [
         "format_violation_rate 0.21 -> 0.30 (noise 0.02)"]
     assert collapse_alert([{"format_violation_rate": v} for v in noisy + [0.30, 0.30]]) is None
@@ -84,10 +86,10 @@ def test_the_threshold_scales_with_the_runs_own_noise():
 
 
 def test_smooth_runs_need_the_noise_floor_to_be_crossed():
-    h = [{"tool_error_rate": v} for v in (0.10, 0.10, 0.10, 0.10, 0.15, 0.15)]  # noise 0 -> 0.02: threshold 0.16
+    h = [{"tool_error_rate": v} for v in (0.10, 0.10, 0.10, 0.10, 0.13, 0.13)]  # noise 0 -> 0.02: threshold 0.14
     assert collapse_alert(h) is None
-    h[-2:] = [{"tool_error_rate": 0.16}, {"tool_error_rate": 0.16}]
-    assert collapse_alert(h) == ["tool_error_rate 0.10 -> 0.16 (noise 0.02)"]
+    h[-2:] = [{"tool_error_rate": 0.14}, {"tool_error_rate": 0.14}]
+    assert collapse_alert(h) == ["tool_error_rate 0.10 -> 0.14 (noise 0.02)"]
     assert collapse_alert(h, noise_floor=0.03) is None
 
 
@@ -135,8 +137,10 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
     assert out[-2:] == ["[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
                         "clip-lo - | entropy -",
-                        "[s1] ALERT collapse at step 109: tool_error_rate 0.14 -> 0.40 (noise 0.02)"]
-    tags = {"alert.collapse": "step 109: tool_error_rate 0.14 -> 0.40 (noise 0.02)", "alert.collapse_step": "109"}
+                        "[s1] ALERT collapse at step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); "
+                        "tool_error_rate 0.14 -> 0.40 (noise 0.02)"]
+    tags = {"alert.collapse": "step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); tool_error_rate 0.14 -> 0.40 "
+                              "(noise 0.02)", "alert.collapse_step": "109"}
     tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 9's commit, before tagging
     log_step.fn(h[:10], 100, "s1", run_id, campaign, since)
     assert capsys.readouterr().out.splitlines()[-1] == (
