@@ -60,21 +60,29 @@ def init_distributed(rank: int, world: int, master: tuple[str, int] | None) -> N
     ds.init_distributed(rank=rank, world_size=world, verbose=False)
 
 
-def zero3_model_config(cfg: TrainerCfg, device: torch.device):
-    """Under ZeRO-3, the handle that makes transformers' from_pretrained build the model inside `deepspeed.zero.Init`
-    and load the weights straight into the partitions (None otherwise). Transformers finds it through a weak
-    reference: keep it alive as long as the model (DeepSpeedBackend holds it)."""
+@contextlib.contextmanager
+def partitioned_construction(cfg: TrainerCfg, device: torch.device):
+    """Under ZeRO-3, transformers' from_pretrained inside this block builds the model inside `deepspeed.zero.Init` and
+    loads the weights straight into the partitions (nothing otherwise). Transformers finds the handle through a global
+    weak reference, so it is released when the block ends: a live one would make every later model of the process be
+    built partitioned (on an H100, the trainer bench after a ZeRO-3 trainer in one process saved an empty model)."""
     if cfg.zero_stage != 3:
-        return None
+        yield
+        return
     from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    return HfDeepSpeedConfig(ds_config(cfg, device))
+    handle = HfDeepSpeedConfig(ds_config(cfg, device))  # noqa: F841 (kept alive for the block)
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
 
 
 class DeepSpeedBackend:
-    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int, hf_config=None):
+    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int):
         ds = import_deepspeed()
-        self.ds, self.cfg, self.rank, self._hf_config = ds, cfg, rank, hf_config
+        self.ds, self.cfg, self.rank = ds, cfg, rank
         self._warmup = lr_lambda(cfg)
         self.engine, self.opt, _, self.sched = ds.initialize(
             model=model, optimizer=adamw(model.parameters(), cfg, device),

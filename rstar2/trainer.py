@@ -108,13 +108,15 @@ class PolicyTrainer:
             from rstar2 import deepspeed_backend as dsb
 
             dsb.init_distributed(rank, world_size, master)
-            hf_config = dsb.zero3_model_config(cfg, self.device)  # ZeRO-3: the model is built partitioned (zero.Init)
+            with dsb.partitioned_construction(cfg, self.device):  # ZeRO-3: the model is built partitioned (zero.Init)
+                model = load_model(model_dir, self.device, cfg)
         elif world_size != 1:
             raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
-        model = load_model(model_dir, self.device, cfg)
+        else:
+            model = load_model(model_dir, self.device, cfg)
         # KL needs a frozen reference policy: the weights this trainer started from (not under ZeRO-3: see config)
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
-        self.backend = dsb.DeepSpeedBackend(model, cfg, self.device, rank, hf_config) if cfg.backend == "deepspeed" \
+        self.backend = dsb.DeepSpeedBackend(model, cfg, self.device, rank) if cfg.backend == "deepspeed" \
             else TorchBackend(model, cfg, self.device)
         self.rng = random.Random(seed)  # mini-batch shuffles: identical on every rank
         self.step = 0  # optimizer steps taken

@@ -15,7 +15,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 # Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8, head 128, Qwen's 151,936-row vocabulary, tied embeddings):
 # ~0.6B parameters, so the engine, the trainer's ZeRO states and the weight sync have the sizes of the 0.5-1.5B presets
-QWEN_05B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 
 
@@ -56,11 +56,11 @@ def vllm_cuda():
 
 
 @pytest.fixture(scope="session")
-def qwen05b(tmp_path_factory) -> str:
-    """The fixture tokenizer with a random-init ~0.5B-class Qwen3 (bf16 on disk), made once a session."""
+def qwen06b(tmp_path_factory) -> str:
+    """The fixture tokenizer with a random-init Qwen3 of Qwen3-0.6B's shape (bf16 on disk), made once a session."""
     from tests.fixtures.qwen import make_qwen_model
 
-    return str(make_qwen_model(tmp_path_factory.mktemp("qwen05b"), dtype="bfloat16", **QWEN_05B))
+    return str(make_qwen_model(tmp_path_factory.mktemp("qwen06b"), dtype="bfloat16", **QWEN3_06B))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A CUDA vLLM engine on the ~0.5B-class random Qwen3: new weights reach it in place from disk (a checkpoint
+"""A CUDA vLLM engine on the random Qwen3 of Qwen3-0.6B's shape: new weights reach it in place from disk (a checkpoint
 directory) and from memory (a state dict, trainer.weight_sync=memory) with the same generations, and sleep/wake
 (placement.colocate) frees the GPU and gives it back without changing what it generates. The reload times of both
 paths are recorded as figures."""
@@ -26,17 +26,17 @@ def moved(model_dir: str, out: Path) -> dict:
     return sd
 
 
-def test_weight_sync_from_disk_and_memory_and_sleep_wake(qwen05b, tmp_path, figures):
-    moved_sd = moved(qwen05b, tmp_path / "moved")
-    tok = load_tokenizer(qwen05b)
+def test_weight_sync_from_disk_and_memory_and_sleep_wake(qwen06b, tmp_path, figures):
+    moved_sd = moved(qwen06b, tmp_path / "moved")
+    tok = load_tokenizer(qwen06b)
     prompts = [tok(f"Compute {i} * 7.")["input_ids"] for i in range(100, 108)]
-    live = VLLMEngine(EngineSpec(model_dir=qwen05b, max_model_len=512, dtype="bfloat16", gpu_memory_utilization=0.3,
+    live = VLLMEngine(EngineSpec(model_dir=qwen06b, max_model_len=512, dtype="bfloat16", gpu_memory_utilization=0.3,
                                  sleep_mode=True))
     greedy = lambda: live.generate(prompts, [24] * len(prompts), temperature=0.0)  # noqa: E731
     before = greedy()
     disk_s = live.load_weights(str(tmp_path / "moved"))
     from_disk = greedy()
-    live.load_weights(qwen05b)
+    live.load_weights(qwen06b)
     assert greedy() == before
     memory_s = live.load_weights(moved_sd, "moved")
     from_memory = greedy()

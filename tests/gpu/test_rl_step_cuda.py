@@ -1,5 +1,5 @@
-"""One RL step through the real flows on a GPU: the ~0.5B-class random Qwen3 is SFT'd on a few transcripts, then a
-CUDA vLLM engine rolls out and a DeepSpeed ZeRO-2 trainer (bf16, gradient checkpointing) updates, colocated on the
+"""One RL step through the real flows on a GPU: a random Qwen3 of Qwen3-0.6B's shape is SFT'd on a few transcripts, then
+a CUDA vLLM engine rolls out and a DeepSpeed ZeRO-2 trainer (bf16, gradient checkpointing) updates, colocated on the
 GPU (the engine sleeps during the update), and the new weights reach the engine from memory. The data, suites and
 transcripts are the own-model flow test's (tests/flows/test_own_model.py)."""
 
@@ -29,7 +29,7 @@ def prefect_harness():
         yield
 
 
-def test_one_rl_step_on_a_cuda_engine_and_a_deepspeed_trainer(tmp_path, qwen05b, figures):
+def test_one_rl_step_on_a_cuda_engine_and_a_deepspeed_trainer(tmp_path, qwen06b, figures):
     from cli.main import app
     from flows.campaign import CampaignParams, campaign
 
@@ -38,7 +38,7 @@ def test_one_rl_step_on_a_cuda_engine_and_a_deepspeed_trainer(tmp_path, qwen05b,
     res = CliRunner().invoke(app, ["data", "import", _jsonl(tmp_path / "dapo.jsonl", dapo_rows()), "--out", str(train),
                                    "--set", suite, "--set", f"out_dir={runs}"])
     assert res.exit_code == 0, res.output
-    overrides = [f"out_dir={runs}", f"world.base_model={qwen05b}", f"world.train_data={train}",
+    overrides = [f"out_dir={runs}", f"world.base_model={qwen06b}", f"world.train_data={train}",
                  f"sft.data={_jsonl(tmp_path / 'sft.jsonl', transcripts())}", "sft.epochs=1", "sft.batch_tokens=512",
                  suite, "eval.samples=2", "eval.max_turns=2", "eval.max_response_tokens=64",
                  "rollout.group_size=4", "rollout.max_turns=2", "rollout.max_response_tokens=64",
