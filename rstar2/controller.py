@@ -218,11 +218,7 @@ def _kill(handle) -> None:
 def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.Placement):
     # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
     # carries its own sampling seed (rstar2.rollout.Trajectory.turn_seed), so this one picks no sample
-    spec = EngineSpec(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
-                      kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=cfg.seed + index,
-                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size,
-                      tensor_parallel_size=cfg.engine.tensor_parallel_size, sleep_mode=cfg.placement.colocate,
-                      max_num_seqs=cfg.scheduler.max_inflight)  # the scheduler's seats per engine are vLLM's
+    spec = EngineSpec.of_run(cfg, model_dir, seed=cfg.seed + index)
     # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor: its
     # event loop holds every waiting turn while the engine's own thread generates (rstar2.engine)
     return ray.remote(EngineActor).options(name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS,

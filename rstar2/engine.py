@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from rstar2.chat import ChatFormat
+from rstar2.config import RunCfg
 
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
 # log-prob of each new token when the request asked for them, else None)
@@ -62,6 +63,15 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # > 1: vLLM's Ray executor runs one worker per GPU of the engine's bundles
     sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
     max_num_seqs: int | None = None  # sequences one step may batch (vLLM's max_num_seqs); None: vLLM's default
+
+    @classmethod
+    def of_run(cls, cfg: RunCfg, model_dir: str, seed: int) -> EngineSpec:
+        """The engine a run's config asks for, the one definition (the run's engines, `solve`)."""
+        return cls(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
+                   kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
+                   gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size,
+                   tensor_parallel_size=cfg.engine.tensor_parallel_size, sleep_mode=cfg.placement.colocate,
+                   max_num_seqs=cfg.scheduler.max_inflight)  # the scheduler's seats per engine are vLLM's
 
 
 class Backend(Protocol):

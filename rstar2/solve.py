@@ -28,10 +28,7 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
                            cfg.rollout.tool_response_chars, cfg.world.max_positions)
     t = cfg.eval.temperature if temperature is None else temperature
     sandbox = connect(cfg.sandbox)  # the tool's and the reward check's
-    engine = VLLMEngine(EngineSpec(model_dir=path, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
-                                   kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
-                                   gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                   block_size=cfg.engine.block_size))
+    engine = VLLMEngine(EngineSpec.of_run(cfg, path, seed))  # the run's engine, as the run's config starts it
     try:
         client = engine.client(t, cfg.rollout.top_p)
         tool = sandbox if cfg.rollout.tool_enabled else steps.ToolDisabled()
