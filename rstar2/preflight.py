@@ -211,18 +211,21 @@ def _prompts(cfg: RunCfg, chat, uris: dict[str, str], rows: list[Row]) -> dict[s
 
 def _record(world_dir: Path, uris: dict[str, str], tables: dict[str, Fit], out: dict) -> None:
     """Each world split that lost prompts: its kept rows as `fit-<split>.parquet` (an earlier one removed where
-    nothing is dropped now); the record of every dropped id as build.FIT."""
+    nothing is dropped now); the record of every dropped id as build.FIT, with the content hash of each split whose
+    kept rows stand in for it (a split changed since is read whole: build.uris)."""
+    sources = {}
     for split in [s for s in build.SPLITS if s in tables]:
         kept = world_dir / f"fit-{split}.parquet"
         if tables[split].dropped_ids:
             tmp = kept.with_name(f".tmp-{kept.name}")
             tables[split].kept.write_parquet(tmp)
             tmp.replace(kept)
+            sources[split] = build.file_sha256(uris[split])
         else:
             kept.unlink(missing_ok=True)
     record = {k: out[k] for k in ("context", "train_budget", "eval_budget")}
     checkpoint.write_atomic(world_dir / build.FIT, json.dumps({**record, "model": uris["init_model"],
-                                                              "dropped": out["dropped"]}, indent=1))
+                                                              "dropped": out["dropped"], "sources": sources}, indent=1))
 
 
 def _sft(cfg: RunCfg, chat, data: str, sft_dir: Path) -> Row:

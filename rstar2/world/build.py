@@ -28,8 +28,9 @@ def _source(cfg: RunCfg, split: str) -> str | None:
 def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
     """Where a world built under `out` keeps its parts: problem splits (the user's own, as `data-<split>.parquet`,
     when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer). `fitted`: a
-    split the preflight dropped prompts from is its kept rows (`fit-<split>.parquet`, while newer than the split),
-    and `fit` names the preflight's record (the suites' dropped ids)."""
+    split the preflight dropped prompts from is its kept rows (`fit-<split>.parquet`, while the split's content is
+    the one the preflight read: its SHA-256 in the record), and `fit` names the preflight's record (the suites'
+    dropped ids)."""
     w = cfg.world
     found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test")}
     found["sft_data"] = cfg.sft.data or str(out / "sft_data.jsonl")
@@ -38,14 +39,19 @@ def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
     for split in ("val", "test"):
         if w.base_model and not _source(cfg, split):
             del found[split]  # optional with real assets and eval.suites; asking to evaluate on it then fails clearly
-    if fitted:
-        for split in [s for s in SPLITS if s in found]:
-            kept, src = out / f"fit-{split}.parquet", Path(found[split])
-            if kept.is_file() and (not src.is_file() or kept.stat().st_mtime_ns >= src.stat().st_mtime_ns):
+    if fitted and (out / FIT).is_file():
+        read = json.loads((out / FIT).read_text()).get("sources", {})  # split -> SHA-256 the preflight read
+        for split in [s for s in SPLITS if s in found and s in read]:
+            kept = out / f"fit-{split}.parquet"
+            if kept.is_file() and read[split] == file_sha256(found[split]):
                 found[split] = str(kept)  # else the split changed since the preflight: whole, until it runs again
-        if (out / FIT).is_file():
-            found["fit"] = str(out / FIT)
+        found["fit"] = str(out / FIT)
     return found
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """The file's content hash (None where there is no such file)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
 
 
 def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:
@@ -112,7 +118,7 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
         src = _source(cfg, split)
         if not src:
             continue
-        digest = hashlib.sha256(Path(src).read_bytes()).hexdigest() if Path(src).is_file() else None
+        digest = file_sha256(src)
         if digest is None:
             raise ValueError(f"world.{split}_data: {src}: no such file")
         dest = out / f"data-{split}.parquet"

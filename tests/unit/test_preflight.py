@@ -99,14 +99,17 @@ def test_dropped_ids_reach_the_world_uris_and_the_suites(tmp_path):
     before = build.uris(cfg, tmp_path)
     assert before["train"] == str(tmp_path / "train.parquet") and "fit" not in before  # no preflight ran yet
     (tmp_path / "fit-train.parquet").write_bytes(b"")
-    (tmp_path / build.FIT).write_text(json.dumps({"dropped": {"train": ["p1"], "suite:aime": ["a2"]}}))
+    (tmp_path / build.FIT).write_text(json.dumps({"dropped": {"train": ["p1"], "suite:aime": ["a2"]},
+                                                  "sources": {"train": build.file_sha256(tmp_path / "train.parquet")}}))
     found = build.uris(cfg, tmp_path)
     assert found["train"] == str(tmp_path / "fit-train.parquet") and found["test"] == str(tmp_path / "test.parquet")
     assert found["fit"] == str(tmp_path / build.FIT)
     assert build.uris(cfg, tmp_path, fitted=False)["train"] == str(tmp_path / "train.parquet")  # what the check reads
-    later = (tmp_path / "fit-train.parquet").stat().st_mtime_ns + 10**9
-    os.utime(tmp_path / "train.parquet", ns=(later, later))  # the split changed after the preflight: it is read whole
+    (tmp_path / "train.parquet").write_bytes(b"new rows")  # the split changed after the preflight: it is read whole
     assert build.uris(cfg, tmp_path)["train"] == str(tmp_path / "train.parquet")
+    (tmp_path / "train.parquet").write_bytes(b"")  # the content it read, whatever the file's times say: kept rows
+    os.utime(tmp_path / "train.parquet", ns=(10**18, 10**18))
+    assert build.uris(cfg, tmp_path)["train"] == str(tmp_path / "fit-train.parquet")
     suite = pl.DataFrame({"problem_id": ["a1", "a2", "a3"], "prompt": ["x"] * 3, "answer": ["1"] * 3})
     assert preflight.exclude(suite, found["fit"], "suite:aime")["problem_id"].to_list() == ["a1", "a3"]
     assert preflight.exclude(suite, found["fit"], "suite:other").height == 3
