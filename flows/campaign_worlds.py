@@ -36,22 +36,17 @@ def campaign_worlds(params: CampaignParams, world_seeds: int) -> dict:
     exp_id, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, str(run),
                                     tags={"preset": params.preset, "kind": "worlds"},
                                     set_tags={"world_seeds": world_seeds, "seeds": params.seeds})
-    worlds = {}
-    try:
-        for w in range(cfg.seed, cfg.seed + world_seeds):
-            worlds[w] = campaign(params.model_copy(update={
-                "overrides": [*params.overrides, f"seed={w}"], "run_name": f"{params.run_name or cfg.name}-world-{w}",
-                "parent_mlflow_run_id": run_id}))
-    except BaseException:
-        track.end_run(run_id, "FAILED")
-        raise
-    summary = {**report.world_aggregate(worlds), "seeds": params.seeds, "run_dir": str(run), "mlflow_run_id": run_id,
-               "eval_split": worlds[cfg.seed]["eval_split"], "eval_samples": worlds[cfg.seed]["eval_samples"],
-               "eval_problems": worlds[cfg.seed]["eval_problems"],
-               "world_run_dirs": {str(w): s["run_dir"] for w, s in worlds.items()},
-               "wall_s": time.perf_counter() - t0}
-    track.log_metrics(run_id, {k: summary[k] for k in ("pass1_gain_mean", "pass1_gain_min", "pass1_gain_max")}, 0)
-    track.end_run(run_id)
+    with track.ending(run_id):
+        worlds = {w: campaign(params.model_copy(update={
+            "overrides": [*params.overrides, f"seed={w}"], "run_name": f"{params.run_name or cfg.name}-world-{w}",
+            "parent_mlflow_run_id": run_id})) for w in range(cfg.seed, cfg.seed + world_seeds)}
+        summary = {**report.world_aggregate(worlds), "seeds": params.seeds, "run_dir": str(run),
+                   "mlflow_run_id": run_id, "eval_split": worlds[cfg.seed]["eval_split"],
+                   "eval_samples": worlds[cfg.seed]["eval_samples"], "eval_problems": worlds[cfg.seed]["eval_problems"],
+                   "world_run_dirs": {str(w): s["run_dir"] for w, s in worlds.items()},
+                   "wall_s": time.perf_counter() - t0}
+        track.log_metrics(run_id, {k: summary[k] for k in ("pass1_gain_mean", "pass1_gain_min", "pass1_gain_max")},
+                          0)
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     create_markdown_artifact(_markdown(summary), key="campaign-worlds-summary")
     return summary

@@ -36,13 +36,8 @@ def run_context(cfg: RunCfg, run: Path, controller_id: str, tags: dict, world_di
     exp_id, run_id = track.open_run(cfg.experiment, cfg.out_dir, run.name, str(run), tags=tags, **open_run)
     ctl = Controller(controller_id)
     try:
-        world = build_world(cfg, str(world_dir or run / "world")) if with_world else {}
-        yield RunContext(cfg, run, world, exp_id, run_id, ctl)
-        if owns_run:
-            track.end_run(run_id)
-    except BaseException:
-        if owns_run:
-            track.end_run(run_id, "FAILED")
-        raise
+        with track.ending(run_id, owns_run):
+            world = build_world(cfg, str(world_dir or run / "world")) if with_world else {}
+            yield RunContext(cfg, run, world, exp_id, run_id, ctl)
     finally:
         ctl.stop()

@@ -3,6 +3,9 @@ addressed by id (rstar2.tracking); a retried flow finds its runs again by key an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from prefect import task
 from prefect.artifacts import create_link_artifact
 
@@ -60,6 +63,20 @@ def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -
 def end_run(run_id: str, status: str = "FINISHED") -> None:
     with costs.mlflow():
         tracking.end(run_id, status)
+
+
+@contextmanager
+def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
+    """The block is the MLflow run's life: it ends FINISHED when the block does, FAILED on any exception (re-raised).
+    `owns_run` off: the run outlives the block (another flow ends it)."""
+    try:
+        yield
+    except BaseException:
+        if owns_run:
+            end_run(run_id, "FAILED")
+        raise
+    if owns_run:
+        end_run(run_id)
 
 
 @task(name="log-step", cache_policy=None)

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from rstar2 import tracking
 
 
@@ -58,3 +60,23 @@ def test_a_table_is_logged_once(tmp_path, monkeypatch):
     table = json.loads(Path(tracking.client().download_artifacts(run_id, "eval/final-test.json", str(tmp_path)))
                        .read_text())
     assert table == {"columns": ["suite", "pass1"], "data": [["aime", 0.5]]}
+
+
+def test_ending_ends_the_run_as_the_block_ends(monkeypatch):
+    """tasks.track.ending: FINISHED when the block ends, FAILED when it raises (re-raised), nothing when the run is
+    another flow's."""
+    from tasks import track
+
+    ended = []
+    monkeypatch.setattr(track, "end_run", lambda run_id, status="FINISHED": ended.append((run_id, status)))
+    with track.ending("a"):
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        with track.ending("b"):
+            raise KeyboardInterrupt
+    with pytest.raises(ValueError):
+        with track.ending("c", owns_run=False):
+            raise ValueError("boom")
+    with track.ending("d", owns_run=False):
+        pass
+    assert ended == [("a", "FINISHED"), ("b", "FAILED")]
