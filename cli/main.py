@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -18,6 +18,13 @@ from rstar2.data import FORMATS as DATA_FORMATS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and CI too
+
+
+def fail(message: object, code: int = 2) -> NoReturn:
+    """The one way a command refuses: `error: <message>` on one line (markup in it is shown as written), then exit
+    `code` (2: bad input or usage, 1: the command ran and its verdict is no)."""
+    console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _write_json(path: Optional[Path], data: dict) -> None:
@@ -50,8 +57,7 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
         from flows.campaign_worlds import campaign_worlds
 
         if sft_checkpoint:
-            console.print("[red]error:[/red] --world-seeds trains one SFT model per world; drop --sft-checkpoint")
-            raise typer.Exit(2)
+            fail("--world-seeds trains one SFT model per world; drop --sft-checkpoint")
         summary = campaign_worlds(params, world_seeds)
         console.print(worlds_table(summary, preset))
         console.print(f"wall time {summary['wall_s']:.0f} s; run dirs {', '.join(summary['world_run_dirs'].values())}")
@@ -131,8 +137,7 @@ def _check_preset(preset: str, overrides: list[str]) -> None:
     try:
         plan.require_fit(config.load(preset, overrides))
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
 
 
 @app.command("plan")
@@ -150,8 +155,7 @@ def plan_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path")
     try:
         res = plan.plan(config.load(preset, set_), gpus, gpu_mem)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
     for table in plan_tables(res, preset):
         console.print(table)
     console.print("[green]fits[/green]" if res["fits"] else "[red]does not fit[/red]")
@@ -198,8 +202,7 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
     try:
         cfg = config.load(preset, set_)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2)
+        fail(e)
     res = preflight.run(cfg, runstate.run_dir(cfg, run_name))
     console.print(check_table(res, preset))
     warned = sum(c["status"] == preflight.WARN for c in res["checks"])
@@ -245,8 +248,7 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
     try:
         [ablations.overrides(v) for v in chosen]
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
     from flows.ablation import AblationParams, ablation as ablation_flow
 
     res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
@@ -334,8 +336,7 @@ def evaluate(preset: str = typer.Option("tiny"), run_name: Optional[str] = typer
     from flows.evaluate import EvalParams, evaluate as evaluate_flow
 
     if model is not None and not (model / "config.json").is_file():
-        console.print(f"[red]error:[/red] {model} is not a Hugging Face model directory (it has no config.json)")
-        raise typer.Exit(2)
+        fail(f"{model} is not a Hugging Face model directory (it has no config.json)")
     res = evaluate_flow(EvalParams(preset=preset, overrides=set_, run_name=run_name, checkpoint=checkpoint,
                                    model=str(model) if model else None, split=split))
     if "suites" in res:  # the evaluation printed its suite table
@@ -414,8 +415,7 @@ def _check_model_dir(path: Path) -> None:
     try:
         export.model_dir(path)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
 
 
 @app.command("export")
@@ -428,8 +428,7 @@ def export_cmd(checkpoint: Path = typer.Option(..., help="a run's checkpoint or 
     try:
         path = export.export(checkpoint, out)
     except (ValueError, FileExistsError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
     console.print(f"wrote {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
 
 
@@ -454,14 +453,11 @@ def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat t
             res.update(vars(sft_lib.train_with(cfg, model, data, tmp, progress)))
 
     if out.exists() and any(out.iterdir()) and not checkpoint.is_committed(out):
-        console.print(f"[red]error:[/red] {escape(str(out))} exists and is not empty; give a new directory",
-                      soft_wrap=True)
-        raise typer.Exit(2)
+        fail(f"{out} exists and is not empty; give a new directory")
     try:
         checkpoint.commit(out, write, {"kind": "sft", "base_model": str(model), "data": str(data)})
     except (ValueError, FileExistsError) as e:  # a model the pipeline cannot run, bad transcripts, an existing --out
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(e)
     table = Table(title=f"rstar2 sft -> {out}")
     for col in ("steps", "final loss", "tokens/s", "wall s"):
         table.add_column(col)
@@ -481,8 +477,7 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
     try:
         services.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
     except services.PortInUse as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
 
 
 @app.command()
@@ -502,8 +497,7 @@ def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set"
     try:
         console.print_json(config.load(preset, set_).model_dump_json())
     except Exception as e:  # noqa: BLE001
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
 
 
 analyze_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Analyses of a run's policy (paper §5)")
@@ -538,8 +532,7 @@ def analyze_entropy(run: str = typer.Option(..., "--run", help="the run's name (
                                window=window, top_frac=top_frac)
         run_paths(params)  # a missing run fails here with one line, before Prefect starts
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2)
+        fail(e)
     res = entropy_flow(params)
     table = Table(title=escape(f"rstar2 analyze entropy '{run}': the top {top_frac:.0%} entropy tokens; forking = in "
                                f"reasoning, reflection = first {window} tokens after a tool response ({samples} "
@@ -580,16 +573,14 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     from rstar2.data import FORMATS, importer, suites
 
     if fmt not in ("auto", *FORMATS) or split not in ("rl", "eval"):
-        console.print(f"[red]error:[/red] --format is auto, {', '.join(FORMATS)}; --split is rl or eval")
-        raise typer.Exit(2)
+        fail(f"--format is auto, {', '.join(FORMATS)}; --split is rl or eval")
     try:
         cfg = config.load(preset, set_)
         against = suites.problems(cfg.eval.suites, cfg.eval.seed)
         df, rep = importer.import_problems(str(src), fmt, split, cfg.data.near_dup_threshold, cfg.data.shingle_words,
                                            against, cfg.data.decontam_ngram, cfg.seed)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(2)
+        fail(e)
     console.print(import_table(rep, str(out), len(cfg.eval.suites)))
     if df.height:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -597,9 +588,7 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     run_id = importer.log_to_mlflow(cfg.experiment, cfg.out_dir, str(out), rep)
     _write_json(json_path, rep.to_dict())
     if not df.height:  # an empty table is no training set: nothing written, the report says why
-        console.print(f"[red]error:[/red] {escape(importer.nothing_left(rep))}; {escape(str(out))} not written "
-                      f"(report in MLflow run {run_id})", soft_wrap=True)
-        raise typer.Exit(1)
+        fail(f"{importer.nothing_left(rep)}; {out} not written (report in MLflow run {run_id})", 1)
     console.print(f"wrote {out}; MLflow run {run_id} (experiment {cfg.experiment})")
 
 
@@ -694,11 +683,9 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"num_engines": engines})})
     model_dir = str(model or run_dir / "sft")
     if not Path(model_dir, "config.json").exists():
-        console.print(f"[red]error:[/red] no model at {model_dir}: run a campaign first or pass --model")
-        raise typer.Exit(2)
+        fail(f"no model at {model_dir}: run a campaign first or pass --model")
     if rounds < 1 or any(m <= 0 for m in kv_mb):
-        console.print("[red]error:[/red] --real-rounds and --real-kv-mb must be positive")
-        raise typer.Exit(2)
+        fail("--real-rounds and --real-kv-mb must be positive")
     kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 16)]
     res = rollout_real.real_run(cfg, model_dir, rollout_real.problems_of(str(run_dir)), prompts, samples,
                                  ["kv_aware", "least_requests", "round_robin", "static"], rounds, kv_mb)
@@ -750,8 +737,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
 
     unknown = set(policies) - set(BENCH_POLICIES)
     if unknown:
-        console.print(f"[red]error:[/red] unknown policy {sorted(unknown)}; choose from {', '.join(BENCH_POLICIES)}")
-        raise typer.Exit(2)
+        fail(f"unknown policy {sorted(unknown)}; choose from {', '.join(BENCH_POLICIES)}")
 
     measured = None
     if icc is None:
@@ -763,9 +749,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
                       f": {icc:.3f}")
     grid = [s for s in scenarios(engines, prompts) if not scenario or s.name in scenario]
     if not grid:
-        console.print(f"[red]error:[/red] no scenario named {scenario}; choose from "
-                      f"{', '.join(s.name for s in scenarios())}")
-        raise typer.Exit(2)
+        fail(f"no scenario named {scenario}; choose from {', '.join(s.name for s in scenarios())}")
     rows = sweep(grid, seeds, icc, SchedulerCfg(), workers,
                  on_done=lambda sc, seed: console.print(f"  {sc.name} seed {seed} done", style="dim"),
                  policies=tuple(policies) or BENCH_POLICIES)
@@ -773,11 +757,9 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
         try:
             old = json.loads(extend.read_text())["sim"]
         except (ValueError, KeyError, TypeError):
-            console.print(f"[red]error:[/red] {extend} is not a --json of `rstar2 bench rollout` with simulated runs")
-            raise typer.Exit(2)
+            fail(f"{extend} is not a --json of `rstar2 bench rollout` with simulated runs")
         if (old["engines"], old["prompts"], round(old["icc"], 6)) != (engines, prompts, round(icc, 6)):
-            console.print(f"[red]error:[/red] {extend} was simulated with other engines/prompts/ICC")
-            raise typer.Exit(2)
+            fail(f"{extend} was simulated with other engines/prompts/ICC")
         new = {(r["scenario"], r["seed"], r["policy"]) for r in rows}
         rows = [r for r in old["runs"] if (r["scenario"], r["seed"], r["policy"]) not in new] + rows
     summary = summarize(rows)
