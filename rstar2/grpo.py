@@ -4,7 +4,7 @@
     J     = 1/Σ_i|o_i| Σ_i Σ_t min(ρ_i,t Â_i,t, clip(ρ_i,t, 1-ε_low, 1+ε_high) Â_i,t)          (Eq. 6)
     ρ_i,t = π_θ(o_i,t | ...) / π_θold(o_i,t | ...),   ε_low = 0.2, ε_high = 0.28,  no KL, no entropy term
 
-We minimise -J. Following the released code (verl, implementation notes §3): std is unbiased (torch.std)
+We minimise -J. Following the released code (built on verl): std is unbiased (torch.std)
 with +1e-6; log-ratios are clamped to ±20 before exp; dual-clip (c = 3, caps the loss of A < 0 tokens) is
 available but off unless asked for; tokens are only the model's own (mask 0 on prompt, tool output, padding).
 The 1/Σ|o_i| normaliser is over the whole batch: pass `num_tokens` = the global count so that summing

@@ -1,4 +1,4 @@
-"""Rollout scheduling policies (paper §3.2 "load-balanced rollout scheduler"; implementation notes §7): each one a
+"""Rollout scheduling policies (paper §3.2 "load-balanced rollout scheduler"): each one a
 small class that owns the queue of trajectories not running and decides which starts on which engine. The books they
 read and write (engines' KV load and room, trajectories' state) are rstar2.scheduler.Scheduler's.
 

@@ -1,9 +1,9 @@
 """Outcome reward, paper §2.2.1 Eq. 3: r = 1 if the answer in `\\boxed{}` inside `<answer>` is equivalent to
 the ground truth (rule-based Math-Verify), else 0. No format reward, no tool-error penalty (paper §2.2.3).
 
-Unlike the released code (last `\\boxed{}` anywhere, PRIME heuristics first: notes §5, §10 row 6) we follow
+Unlike the released code (last `\\boxed{}` anywhere, PRIME heuristics first) we follow
 the paper: a stray `\\boxed{}` in a later `<reason>` block cannot decide the reward. As in the paper (§3.1) and the
-released code (notes §5), the check runs in the code-execution service, under its own wall-clock timeout: a
+released code, the check runs in the code-execution service, under its own wall-clock timeout: a
 pathological answer that hangs Math-Verify (even in C code, where its `signal.alarm` cannot interrupt) costs that
 item 0.0 and one killed sandbox child, never a stalled training step.
 """

@@ -8,7 +8,7 @@ Per prompt we roll out 2G trajectories and keep G of them (paper: 32 -> 16):
     p_err    = #erroneous tool calls / #tool calls, or 0.5 with no tool call             (Eq. 4)
     p_format = 1 if there is no <answer>, else min(1, (#answers - 1) / #turns)          (Eq. 5)
 
-Deliberate departures from the released code (implementation notes §2.2-2.3, §10 rows 1-4):
+Deliberate departures from the released code (microsoft/rStar, built on verl):
   - p_err reads structured tool statuses, so timeouts and parse failures count as errors (the release
     greps for "error" in the tool text and misses both).
   - p_format counts every assistant turn, the first one included (the release never sees the first turn,

@@ -1,4 +1,4 @@
-"""A trajectory and its turns (paper §2.1, implementation notes §4.3, §12.1); rstar2.agent_loop drives them.
+"""A trajectory and its turns (paper §2.1); rstar2.agent_loop drives them.
 
 Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn, in the model's chat format
 (rstar2.chat.ChatFormat: prompt, tool-call markers, tool turn). Model tokens get loss mask 1; tool turns (the tool's

@@ -1,5 +1,5 @@
-"""Which engine runs which trajectory, and when (paper §3.2 "load-balanced rollout scheduler"; implementation
-notes §7; the planning report shared/reference/scheduler-simulation.md).
+"""Which engine runs which trajectory, and when (paper §3.2 "load-balanced rollout scheduler";
+bench/rollout_sim.py compares the policies at the paper's scale).
 
 Pure logic: no clock, no I/O, no asyncio. `Scheduler` keeps the books: each engine's KV capacity, expected load and
 vLLM's last stats, each trajectory's state. Its policy (rstar2.policies, by SchedulerCfg.policy) owns the queue and
@@ -135,7 +135,8 @@ class Scheduler:
         """vLLM priority of tid's turns (lower runs first and is preempted last): the trajectory's start order.
         vLLM's default (FCFS) orders by *turn* arrival, so a trajectory back from a tool call, holding the most KV,
         is the newest and the first preempted; by start order an overflow preempts the trajectory started last,
-        whose context is the shortest (simulated, stage 1 tight KV: recompute 2.015 % -> 1.86 % of decoded tokens)."""
+        whose context is the shortest (simulated, stage 1 with tight KV: 1.86 % of decoded tokens recomputed, FCFS
+        2.015 %)."""
         tv = self.trajs[tid]
         return tv.rank if self.uses_priority and tv.rank is not None else 0
 

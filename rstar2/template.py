@@ -1,4 +1,4 @@
-"""The rStar2-Agent prompt protocol (released template, implementation notes §4.1): the system prompt, the
+"""The rStar2-Agent prompt protocol (the released code's template): the system prompt, the
 answer-format instruction before each problem, the reasoning and answer tags, and the Python tool's schema.
 
 How these travel in the token stream (turn markers, the tools block, tool-call syntax, the tool's reply, the turn's

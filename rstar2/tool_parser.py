@@ -1,4 +1,4 @@
-"""Hermes-style tool calls in one assistant turn, and the text the model sees back (implementation notes §4.3).
+"""Hermes-style tool calls in one assistant turn, and the text the model sees back.
 The markers around a call (`<tool_call>`/`</tool_call>` for Qwen) come from the model's chat template
 (rstar2.chat.ChatFormat).
 

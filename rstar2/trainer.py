@@ -2,7 +2,7 @@
 one for the plain-torch backend (CPU or one GPU), one per rank for DeepSpeed ZeRO-2/3 (rstar2/trainer_group.py; a
 rank per GPU, or CPU rank processes: rstar2/deepspeed_backend.py).
 
-One RL step (paper §2.2.3; implementation notes §3, §12.4):
+One RL step (paper §2.2.3):
   1. advantages per prompt over the kept rollouts (Eq. 7);
   2. `mini_batches` optimizer steps (paper: 1, strictly on-policy), each accumulating gradients over micro-batches of
      at most `micro_batch_tokens` tokens (rstar2/batching.py: no compute on padding, LM head on loss tokens only);
@@ -188,7 +188,7 @@ class PolicyTrainer:
     def _micro_loss(self, b: "_Batch", mb, n_tok: int, n_seq: int):
         c = self.cfg
         with dev.autocast(self.device, c.dtype):
-            # the entropy of the policy at its own sampled tokens is always measured (a collapse signal, issue 19),
+            # the entropy of the policy at its own sampled tokens is always measured (a collapse signal),
             # from the logits this forward already has; it carries gradient only as the optional bonus term
             logp, ent = loss_token_logprobs(self.model, mb, True, entropy_grad=c.entropy_coef > 0)   # (N,), (N,)
         flat = b.offsets[mb.seq] + mb.tok                                                            # (N,) into b.*_flat

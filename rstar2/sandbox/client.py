@@ -1,4 +1,4 @@
-"""The paper's "send workers" (§3.1; released `RequestProcessor`, implementation notes §6.2): callers put requests
+"""The paper's "send workers" (§3.1; the released code's `RequestProcessor`): callers put requests
 on one asyncio queue; `senders` coroutines each wait for a first request, take whatever else is queued (up to
 `batch_size`, without waiting) and send it as one batch over a transport (HTTP servers, or Ray actors), waiting for
 the results before the next batch. Transient failures (connection errors, 5xx, queue full, a dead actor) are retried

@@ -4,7 +4,7 @@ zygotes use, per-slot uids and cgroups, and the zygote processes themselves (fra
 A *slot* runs one call at a time. It owns an unprivileged uid, a memory and a pids cgroup, and one zygote per
 profile (started on first use): "bare" (standard library only, the cheapest fork: most tool calls print
 arithmetic) and "sci" (numpy + sympy preloaded), "verify" (math-verify preloaded, for reward checks). A snippet
-goes to the smallest profile that preloads every non-stdlib module it imports (sandbox-notes §3 c_routed).
+goes to the smallest profile that preloads every non-stdlib module it imports.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Runtime:
 def pick_runtime() -> Runtime:
     """This environment's interpreter and site-packages (the mount namespace keeps them visible and read-only
     even under /root or /tmp). `RSTAR2_SANDBOX_PYTHON` picks another interpreter of the same minor version
-    (e.g. Debian's world-readable one where the mount namespace is unavailable: sandbox-notes §8)."""
+    (e.g. Debian's world-readable one where the mount namespace is unavailable)."""
     python = os.environ.get("RSTAR2_SANDBOX_PYTHON") or os.path.realpath(sys.executable)
     stdlib = [sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")]
     dynload = [p for p in sys.path if p.endswith("lib-dynload")]

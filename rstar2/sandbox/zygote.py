@@ -3,7 +3,7 @@
 This file is its own program, run by the service as root under the sandbox interpreter with the standard library
 only: `python -I -S zygote.py CONFIG_JSON` (requests on fd 0, replies on fd 1, as 4-byte length + JSON frames).
 
-Once per zygote (sandbox-notes §7, design "e"): join the slot's cgroups; unshare pid, mount, network, IPC and UTS
+Once per zygote: join the slot's cgroups; unshare pid, mount, network, IPC and UTS
 namespaces (the zygote is pid 1 of its own pid namespace, its network namespace is empty); make the whole file
 tree read-only and hide the host's private trees (project, homes, /tmp, /run, ...) behind empty tmpfs mounts,
 keeping only the interpreter's own directories visible; a size-limited tmpfs on /tmp is the only writable place

@@ -1,4 +1,4 @@
-"""GRPO-RoC selection (rstar2/roc.py): hand-worked cases from implementation notes §2 and paper Eq. 4-5."""
+"""GRPO-RoC selection (rstar2/roc.py): hand-worked cases of paper Eq. 4-5 and of the quotas."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from rstar2.roc import count_answer_blocks, is_all_equal, p_err, p_format, quotas, roc_select, select_group
 
 
-# ---------------------------------------------------------------- p_err (Eq. 4), notes §2.3 table
+# ---------------------------------------------------------------- p_err (Eq. 4) per tool-status mix
 @pytest.mark.parametrize("statuses, expected", [
     ([], 0.5),                                   # no tool call: paper's fixed 0.5
     (["ok"], 0.0),                               # 0 errors / 1 call
@@ -50,7 +50,8 @@ def test_count_answer_blocks(text, expected):
 
 
 def test_penalty_of_tool_free_clean_answer():
-    # Notes §2.3 row 1: release gives 0.5 + 1.0 = 1.5; with all turns counted it is 0.5 + 0.0.
+    # A clean one-turn answer without tool calls: p_err 0.5 (no call) + p_format 1.0 = 1.5 in the release, which
+    # never sees the first turn; with all turns counted it is 0.5 + 0.0.
     n, bad = count_answer_blocks("<reason> 2+2=4 </reason> <answer>\\boxed{4}</answer>")
     assert p_err([]) + p_format(n, bad, 1) == 0.5
 
@@ -71,7 +72,7 @@ def test_quota_worked_example():
 def test_quota_min_guards():
     assert quotas(15, 1, 8) == (7, 1)      # 7.5 -> 7 negatives; the lone positive fits without a guard
     assert quotas(14, 2, 8) == (6, 2)      # 7 neg / 1 pos -> positive guard raises to min(2, 2) = 2
-    assert quotas(30, 2, 16) == (14, 2)    # notes §2.4: "2 positives give 2 + 14"
+    assert quotas(30, 2, 16) == (14, 2)    # 15 neg / 1 pos -> positive guard raises to min(2, 2) = 2: 14 + 2
     assert quotas(1, 15, 8) == (1, 7)      # 0.5 -> 0 negatives -> negative guard raises to min(2, 1) = 1
     assert quotas(3, 13, 8) == (2, 6)      # floor(1.5) = 1 -> raised to 2
     assert quotas(1, 2, 2) == (1, 1)       # both guards cannot hold (need 1 + 2 > 2): proportional split

@@ -283,7 +283,7 @@ def test_an_engine_that_answers_no_probe_is_dead(chat, service):
 def test_the_scheduler_hears_each_turn_as_it_ends(chat, service, monkeypatch):
     """The scheduler gets a trajectory's length the moment a turn ends: when it leaves for a tool, its footprint holds
     the turn just generated (the KV vLLM keeps cached for it), and when it finishes, the length estimate learns its
-    whole response and every turn (before, a one-turn trajectory was learned as length 0, turns 0)."""
+    whole response and every turn (a one-turn trajectory too: its length and one turn, not 0 and 0)."""
     from rstar2.estimator import LengthEstimator
     from rstar2.scheduler import Scheduler
 

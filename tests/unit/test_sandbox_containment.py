@@ -1,4 +1,4 @@
-"""Containment (issue 3 done-when): each attack fails, nothing it started survives the call, and the service answers
+"""Containment: each attack fails, nothing it started survives the call, and the service answers
 the next request, with no request lost (the attack and a canary are submitted together; both must come back).
 A layer this machine lacks is skipped with the reason `isolation()` reports; on this machine class all are active.
 

@@ -1,4 +1,4 @@
-"""Tool-call parsing of one assistant turn and the tool-response text (implementation notes §4.3). The markers are
+"""Tool-call parsing of one assistant turn and the tool-response text. The markers are
 Hermes' (what rstar2.chat reads off a Qwen-style template); another pair works the same."""
 
 import functools
