@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from cli.main import _real_table
+from cli.tables import rollout_real_table
 
 
 def test_real_bench_table_shows_each_policys_figures_on_one_line():
@@ -17,7 +17,7 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
            "policies": [pol, {**pol, "policy": "round_robin", "preemptions": 95, "kv_aware_ratio": 1.214,
                               "kv_aware_ratio_min": 1.087, "kv_aware_ratio_max": 1.301}]}
     console = Console(width=130, record=True)
-    console.print(_real_table(res, cfg))
+    console.print(rollout_real_table(res, cfg))
     lines = console.export_text().splitlines()
     row = next(line for line in lines if line.startswith("│ kv_aware"))
     for cell in ("4.89 (4.42-5.19)", "1837", "0.548 (0.532-0.605)", "0.81", "1.5", "0.669", "44"):
@@ -52,7 +52,7 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
     from rstar2 import report
-    from cli.main import ablation_tables, campaign_table
+    from cli.tables import ablation_tables, campaign_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
     seeds = [{"rl_seed": i, "steps": 2, "pass1": v, "pass1_se": 0.02, "pass_at_1": v, "pass_at_2": v + 0.1}
@@ -76,7 +76,7 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
 
 def test_worlds_table_and_the_ablations_paired_conclusion():
     from rstar2 import report
-    from cli.main import ablation_conclusions, worlds_table
+    from cli.tables import ablation_conclusions, worlds_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03}
     worlds = {w: report.seed_aggregate({**sft, "pass1": 0.40 - 0.1 * w},
