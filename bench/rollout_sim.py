@@ -34,13 +34,14 @@ import heapq
 import math
 from pathlib import Path
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rstar2.config import SchedulerCfg
 from rstar2.estimator import LengthEstimator
-from rstar2.policies import POLICIES, EarlyBinding, Policy, most_room
+from rstar2.policies import POLICIES, EarlyBinding, Placement, Policy, most_room
 from rstar2.scheduler import END, TOOL, Scheduler, SchedulerSession
 
 
@@ -79,8 +80,8 @@ class Oracle(Policy):
     def footprint(self, tv) -> np.ndarray:
         return known_footprint(tv.response_len, tv.known_len, self.s.grid)
 
-    def pick(self) -> list[tuple[int, int]]:
-        s, picks = self.s, []
+    def pick(self) -> Iterator[Placement]:
+        s = self.s
         while self._by_len:
             for i in range(len(self._by_len) - 1, max(-1, len(self._by_len) - 1 - self.SCAN), -1):
                 tv = s.trajs[self._by_len[i][1]]
@@ -88,12 +89,10 @@ class Oracle(Policy):
                 e = most_room(s, tv, fp)
                 if e is not None:
                     self._by_len.pop(i)
-                    picks.append((tv.tid, e))
-                    s.place(tv, e, fp)
+                    yield Placement(tv.tid, e, fp)
                     break
             else:
-                break
-        return picks
+                return
 
 
 class OracleStatic(EarlyBinding):

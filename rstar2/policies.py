@@ -1,6 +1,6 @@
 """Rollout scheduling policies (paper §3.2 "load-balanced rollout scheduler"): each one a
 small class that owns the queue of trajectories not running and decides which starts on which engine. The books they
-read and write (engines' KV load and room, trajectories' state) are rstar2.scheduler.Scheduler's.
+read (engines' KV load and room, trajectories' state) are rstar2.scheduler.Scheduler's, which alone writes them.
 
   static          the common default (verl): a prompt's rollouts together, prompts split into contiguous blocks of
                   engines, everything sent at t=0 (the engine queues and preempts on its own)
@@ -12,16 +12,41 @@ read and write (engines' KV load and room, trajectories' state) are rstar2.sched
                   engine's measured KV usage and preemptions, and the queue head goes to the most headroom
 
 The clairvoyant oracles (every final length known) are policies of the simulator (bench.rollout_sim). A policy
-gets the scheduler as `s` and uses its public placement API: `place`, `rooms`, `shared_prompt`, `sync`, `grid`,
-`engines`, `trajs`, `cfg`, `estimator`, `block_size`, `loads`, `held`, `full`.
+gets a read-only view of the books as `s` (rstar2.scheduler.PolicyView) and changes nothing itself: it returns
+its decisions (`Placement`, `Refused`, `Margin`, a new factor), which the scheduler applies to its books.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Start queued trajectory `tid` on `engine`; `footprint`: its expected KV if the policy computed it already
+    (None: the scheduler asks the policy's `footprint`)."""
+    tid: int
+    engine: int
+    footprint: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Admission was refused on these engines for lack of room (kv_aware grows a factor only after that)."""
+    engines: np.ndarray  # engine indices, [k]
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Every engine's admission margin for this dispatch: z standard deviations of room, and the share it may go
+    over its budget."""
+    z: float
+    slack: float
 
 
 class TrajQueue:
@@ -130,9 +155,10 @@ def most_room(s, tv, fp: np.ndarray | None) -> int | None:
 
 class Policy:
     """A placement rule. It owns the queue of trajectories not running (`push`, `requeue` to its front after an
-    engine failure, `remove`), places them (`pick`: the (trajectory, engine) pairs started now, each through
-    `s.place`), says what a trajectory is expected to hold in KV (`footprint`, None: not counted) and how an engine's
-    budget reacts to vLLM's stats (`adapt`)."""
+    engine failure, `remove`), places them (`pick`: one `Placement` at a time, which the scheduler applies before
+    asking for the next, so each decision sees the ones before), says what a trajectory is expected to hold in KV
+    (`footprint`, None: not counted), the admission margin of a dispatch (`margin`) and how an engine's budget reacts
+    to vLLM's stats (`adapt`). `s` is a read-only view of the scheduler's books."""
 
     name = ""
     oversubscribes = True  # an engine's KV budget starts at cfg.oversubscribe x its capacity (else 1 x)
@@ -170,24 +196,28 @@ class Policy:
     def grew(self, tv, tokens: float) -> None:
         self.queue.grew(tv.group, tokens)
 
-    def pick(self) -> list[tuple[int, int]]:
+    def pick(self) -> Iterator[Placement | Refused]:
+        """The queued trajectories to start now, in order; the books include each placement when the next is asked."""
         raise NotImplementedError
 
-    def fill_least_loaded(self, open_engines) -> list[tuple[int, int]]:
-        """Queue head to the engine of `open_engines()` with the fewest turns in flight, until the queue or the open
-        engines run out; returns (tid, engine) in placement order."""
-        s, picks = self.s, []
+    def fill_least_loaded(self, open_engines: Callable[[], list[int]]) -> Iterator[Placement]:
+        """Queue head to the engine of `open_engines()` with the fewest trajectories in flight (the first such),
+        until the queue or the open engines run out."""
+        inflight = self.s.inflight
         while self.queue and (open_ := open_engines()):
-            e = min(open_, key=lambda i: len(s.engines[i].inflight))
-            picks.append((self.queue.pop(), e))
-            s.place(s.trajs[picks[-1][0]], e)
-        return picks
+            e = min(open_, key=lambda i: inflight[i])
+            yield Placement(self.queue.pop(), e)
 
     def footprint(self, tv) -> np.ndarray | None:
         return None
 
-    def adapt(self, e: int, now: float, usage: float, preempted: bool) -> None:
-        """vLLM's stats for engine e just came in (the books are updated)."""
+    def margin(self) -> Margin | None:
+        """Every engine's admission margin for the coming picks (None: unchanged)."""
+        return None
+
+    def adapt(self, e: int, now: float, usage: float, preempted: bool) -> float | None:
+        """vLLM's stats for engine e just came in (the books are updated): its new factor, None: unchanged."""
+        return None
 
 
 class EarlyBinding(Policy):
@@ -201,16 +231,13 @@ class EarlyBinding(Policy):
     def assign(self, ids: list[int], alive: list[int]) -> list[tuple[int, int]]:
         raise NotImplementedError
 
-    def pick(self) -> list[tuple[int, int]]:
-        s = self.s
-        alive = [i for i, e in enumerate(s.engines) if e.alive]
-        picks: list[tuple[int, int]] = []
+    def pick(self) -> Iterator[Placement]:
+        alive = np.flatnonzero(self.s.alive).tolist()
         if not self._assigned:
             self._assigned = True
-            picks = self.assign([self.queue.pop() for _ in range(len(self.queue))], alive)
-            for tid, e in picks:
-                s.place(s.trajs[tid], e)
-        return picks + self.fill_least_loaded(lambda: alive)
+            for tid, e in self.assign([self.queue.pop() for _ in range(len(self.queue))], alive):
+                yield Placement(tid, e)
+        yield from self.fill_least_loaded(lambda: alive)
 
 
 class Static(EarlyBinding):
@@ -238,10 +265,9 @@ class LeastRequests(Policy):
 
     name = "least_requests"
 
-    def pick(self) -> list[tuple[int, int]]:
+    def pick(self) -> Iterator[Placement]:
         s = self.s
-        return self.fill_least_loaded(
-            lambda: [i for i, v in enumerate(s.engines) if v.alive and len(v.inflight) < s.cfg.max_inflight])
+        return self.fill_least_loaded(lambda: np.flatnonzero(s.alive & (s.inflight < s.cfg.max_inflight)).tolist())
 
 
 class KvAware(Policy):
@@ -266,69 +292,59 @@ class KvAware(Policy):
         own = tv.prompt_len - s.shared_prompt(tv)  # the prompt's partial last block, then the response
         return s.estimator.footprint(tv.response_len, tv.turns, tv.budget, s.grid, own, s.block_size)
 
-    def pick(self) -> list[tuple[int, int]]:
+    def pick(self) -> Iterator[Placement | Refused]:
         """Queue head to the engine with the most room left after it starts there, where its expected footprint
         fits the budget. An engine that already runs a sibling has the prompt's shared blocks already: the room
         counts that, so siblings go together where KV is otherwise even and spread where one engine fills up
         (spreading siblings first paid a prompt's KV on every engine: slower in simulation at the measured
         within-prompt correlation). None fits: wait for a release, unless an engine is idle (a footprint larger
-        than a whole budget must not deadlock)."""
+        than a whole budget must not deadlock). Engines where the head did not fit are reported (`Refused`)."""
         s = self.s
-        self._set_margin()
-        picks = []
         while self.queue:
             tv = s.trajs[self.queue.peek()]
             fp = self.footprint(tv)
             rooms, fits = s.rooms(tv, fp)
-            for i in np.flatnonzero(~fits & np.isfinite(rooms)):
-                s.engines[i].blocked = True
+            refused = np.flatnonzero(~fits & np.isfinite(rooms))
+            if refused.size:
+                yield Refused(refused)
             if not fits.any():
-                break
+                return
             best = most_roomy(rooms, fits)
             self.queue.pop()
-            picks.append((tv.tid, best))
-            s.place(tv, best, fp)
-        return picks
+            yield Placement(tv.tid, best, fp)
 
-    def _set_margin(self) -> None:
+    def margin(self) -> Margin:
         """kv_z standard deviations of room for the randomness of lengths, except when the rest of the queue, spread
         over the live engines, would fit their budgets within `kv_tail_slack` on the mean: then all of it is admitted
         now (margin 0, budget x (1 + slack)). Holding back the last few trajectories costs far more than a small
         overflow: one left waiting may be a long one that then sets the makespan, while an overflow of a few
         percent costs some recomputed prefill."""
         s, cfg = self.s, self.s.cfg
-        z, slack = cfg.kv_z, 0.0
-        alive = [v for v in s.engines if v.alive]
-        if self.queue and alive and cfg.kv_tail_slack > 0:
-            share = -(-len(self.queue) // len(alive))  # queued trajectories per live engine, rounded up
+        live = s.alive
+        n_alive = int(np.count_nonzero(live))
+        if self.queue and n_alive and cfg.kv_tail_slack > 0:
+            share = -(-len(self.queue) // n_alive)  # queued trajectories per live engine, rounded up
             head = s.trajs[self.queue.peek()]
-            fresh = s.estimator.footprint(0, 0, head.budget, s.grid)[0] * share
-            live = np.array([v.alive for v in s.engines])
-            room = s.full[live] * (1 + cfg.kv_tail_slack) - s.held[live] - share * head.prompt_len
-            if ((s.loads[live, 0] + fresh).max(axis=1) <= room).all():
-                z, slack = 0.0, cfg.kv_tail_slack
-        for e, v in enumerate(s.engines):
-            if (v.z, v.slack) != (z, slack):
-                v.z, v.slack = z, slack
-                s.sync(e)
+            fresh = s.estimator.footprint(0, 0, head.budget, s.grid)[0] * share  # [POINTS]
+            room = s.admit_kv[live] * (1 + cfg.kv_tail_slack) - s.outside_kv[live] - share * head.prompt_len
+            if ((s.load_mean[live] + fresh).max(axis=1) <= room).all():
+                return Margin(0.0, cfg.kv_tail_slack)
+        return Margin(cfg.kv_z, 0.0)
 
-    def adapt(self, e: int, now: float, usage: float, preempted: bool) -> None:
+    def adapt(self, e: int, now: float, usage: float, preempted: bool) -> float | None:
         """The engine's factor adapts multiplicatively, at most once per `adapt_interval_s`: it shrinks after a
         preemption or above `usage_high`; it grows while usage stays below `usage_low`, admission is blocked, and
         what runs already holds at least `grow_when_realized` of its expected peak. That last guard matters: right
         after admission every trajectory is short, so low usage says nothing yet."""
         s, c = self.s, self.s.cfg
-        v = s.engines[e]
+        v = s.engine(e)
         if now - v.last_adapt < c.adapt_interval_s:
-            return
+            return None
         if preempted or usage > c.usage_high:
-            v.factor = max(c.oversubscribe_min, v.factor * 0.85)
-        elif usage < c.usage_low and v.blocked and usage * v.capacity >= c.grow_when_realized * v.peak:
-            v.factor = min(c.oversubscribe_max, v.factor * 1.1)
-        else:
-            return
-        v.blocked, v.last_adapt = False, now
-        s.sync(e)
+            return max(c.oversubscribe_min, v.factor * 0.85)
+        if usage < c.usage_low and v.blocked and usage * v.capacity >= c.grow_when_realized * v.peak:
+            return min(c.oversubscribe_max, v.factor * 1.1)
+        return None
 
 
 # SchedulerCfg.policy names -> policies (the simulator adds its oracles: bench.rollout_sim.ORACLES)

@@ -3,8 +3,9 @@ bench/rollout_sim.py compares the policies at the paper's scale).
 
 Pure logic: no clock, no I/O, no asyncio. `Scheduler` keeps the books: each engine's KV capacity, expected load and
 vLLM's last stats, each trajectory's state. Its policy (rstar2.policies, by SchedulerCfg.policy) owns the queue and
-decides placement. `SchedulerSession` is the protocol, in the one order that both the agent loop
-(rstar2.agent_loop) and the simulator (bench.rollout_sim) follow:
+decides placement: it reads the books through a read-only `PolicyView` and returns its decisions (placements, the
+admission margin, an engine's new factor), which the scheduler applies. `SchedulerSession` is the protocol, in the
+one order that both the agent loop (rstar2.agent_loop) and the simulator (bench.rollout_sim) follow:
 
     submit(...) every trajectory  ->  placements(now): which queued ones start on which engine, to be sent now
     turn_done(...) as each turn ends (with the engine's stats), tool_done(...) as each tool reply comes in
@@ -17,13 +18,15 @@ there), until it is released or its engine fails.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
 from rstar2.config import SchedulerCfg
 from rstar2.estimator import LengthEstimator
-from rstar2.policies import POLICIES, Policy
+from rstar2.policies import POLICIES, Margin, Policy, Refused
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
 OUTCOMES = ("finished", "error", "cancel")
@@ -62,7 +65,7 @@ class EngineView:
     factor: float
     load: np.ndarray  # sum of in-flight footprints: mean and variance over the coming tokens, shape [2, POINTS]
     z: float = 0.0  # the peak counts z standard deviations over the mean (lengths are random)
-    slack: float = 0.0  # admission may go this share over the budget (the queue's tail, see _set_margin)
+    slack: float = 0.0  # admission may go this share over the budget (the queue's tail, see KvAware.margin)
     alive: bool = True
     prompts: float = 0.0  # prompts of the groups in flight here, once each (shared through the prefix cache)
     inflight: set[int] = field(default_factory=set)
@@ -93,6 +96,96 @@ def _upper(load: np.ndarray, z: float) -> np.ndarray:
     return load[..., 0, :] + z * np.sqrt(np.maximum(load[..., 1, :], 0))
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view of a that cannot be written through."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """One engine's admission state as a policy sees it (a copy)."""
+    capacity: int
+    factor: float
+    blocked: bool
+    last_adapt: float
+    peak: float  # EngineView.peak
+
+
+class PolicyView:
+    """What a policy sees of its scheduler's books, read-only: arrays that cannot be written through, trajectories
+    by id in a read-only mapping. It is live: during `pick`, each question sees the placements applied so far."""
+
+    __slots__ = ("_s", "_trajs", "_alive", "_inflight", "_admit", "_outside", "_load_mean")
+
+    def __init__(self, s: Scheduler):
+        self._s = s
+        self._trajs = MappingProxyType(s.trajs)
+        self._alive, self._inflight = _read_only(s._alive), _read_only(s._inflight)
+        self._admit, self._outside = _read_only(s._full), _read_only(s._held)
+        self._load_mean = _read_only(s._loads[:, 0])
+
+    @property
+    def cfg(self) -> SchedulerCfg:
+        return self._s.cfg
+
+    @property
+    def estimator(self) -> LengthEstimator:
+        return self._s.estimator
+
+    @property
+    def block_size(self) -> int:
+        return self._s.block_size
+
+    @property
+    def grid(self) -> np.ndarray | None:
+        """The footprints' h grid [POINTS] (None before the first dispatch)."""
+        return self._s.grid
+
+    @property
+    def trajs(self) -> Mapping[int, TrajView]:
+        return self._trajs
+
+    @property
+    def alive(self) -> np.ndarray:
+        """Per engine [E]: takes work (bool)."""
+        return self._alive
+
+    @property
+    def inflight(self) -> np.ndarray:
+        """Per engine [E]: trajectories placed there and not released."""
+        return self._inflight
+
+    @property
+    def admit_kv(self) -> np.ndarray:
+        """Per engine [E]: factor x KV capacity, what admission may fill before any slack."""
+        return self._admit
+
+    @property
+    def outside_kv(self) -> np.ndarray:
+        """Per engine [E]: KV held outside the footprints (shared prompts, and the lag behind vLLM's usage)."""
+        return self._outside
+
+    @property
+    def load_mean(self) -> np.ndarray:
+        """Per engine [E, POINTS]: the in-flight footprints' summed mean over the coming tokens."""
+        return self._load_mean
+
+    def rooms(self, tv: TrajView, fp: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Scheduler.rooms, read-only."""
+        rooms, fits = self._s.rooms(tv, fp)
+        rooms.flags.writeable = fits.flags.writeable = False
+        return rooms, fits
+
+    def shared_prompt(self, tv: TrajView) -> int:
+        return self._s.shared_prompt(tv)
+
+    def engine(self, e: int) -> EngineState:
+        v = self._s.engines[e]
+        return EngineState(v.capacity, v.factor, v.blocked, v.last_adapt, v.peak)
+
+
 class Scheduler:
     def __init__(self, capacities: list[int], cfg: SchedulerCfg, policy: str | type[Policy] | None = None,
                  estimator: LengthEstimator | None = None, block_size: int = 1):
@@ -109,20 +202,21 @@ class Scheduler:
         self.cfg = cfg
         self.block_size = max(1, int(block_size))
         self.estimator = estimator or LengthEstimator(cfg.estimator_window, cfg.prior_frac)
-        self.policy = policy(self)
-        factor = cfg.oversubscribe if self.policy.oversubscribes else 1.0
-        self.loads = np.zeros((len(capacities), 2, LengthEstimator.POINTS))  # engine e's load is row e (a view)
-        self.engines = [EngineView(int(c), factor, self.loads[e], z=self.policy.z) for e, c in enumerate(capacities)]
+        n = len(capacities)
+        self._loads = np.zeros((n, 2, LengthEstimator.POINTS))  # engine e's load is row e (a view)
         # per-engine mirrors of the views, so placement is a few vector operations (a paper-scale simulated step
         # places 16K trajectories on 64 engines): budget - prompts - lag, open for one more, idle
-        n = len(capacities)
         self._base, self._can_take, self._idle = np.zeros(n), np.ones(n, bool), np.ones(n, bool)
-        self.held, self.full = np.zeros(n), np.zeros(n)  # prompts + lag; factor x capacity
+        self._held, self._full = np.zeros(n), np.zeros(n)  # prompts + lag; factor x capacity
+        self._alive, self._inflight = np.ones(n, bool), np.zeros(n, np.int64)  # alive; trajectories in flight
         self._siblings: dict[str, np.ndarray] = {}  # group -> its trajectories in flight per engine
-        for e in range(n):
-            self.sync(e)
         self.trajs: dict[int, TrajView] = {}
         self.grid: np.ndarray | None = None  # the footprints' h grid, fixed at the first dispatch
+        self.policy = policy(PolicyView(self))
+        factor = cfg.oversubscribe if self.policy.oversubscribes else 1.0
+        self.engines = [EngineView(int(c), factor, self._loads[e], z=self.policy.z) for e, c in enumerate(capacities)]
+        for e in range(n):
+            self._sync(e)
         self._starts = 0
         self._done = 0
 
@@ -154,7 +248,7 @@ class Scheduler:
 
     # ---- placement ------------------------------------------------------------------------------------------
     def dispatch(self, now: float) -> list[tuple[int, int]]:
-        """(trajectory, engine) pairs to start now, in order (the policy's pick)."""
+        """(trajectory, engine) pairs to start now, in order: the policy's margin and picks, applied one by one."""
         if not any(e.alive for e in self.engines):
             if self.queued:
                 raise SchedulerError("no engine left alive, trajectories are still queued")
@@ -163,11 +257,28 @@ class Scheduler:
             return []
         if self.grid is None:
             self.grid = self.estimator.grid(max((t.budget for t in self.trajs.values()), default=1))
-        picks = self.policy.pick()
-        for tid, _ in picks:
-            tv = self.trajs[tid]
+            self.grid.flags.writeable = False
+        margin = self.policy.margin()
+        if margin is not None:
+            self._set_margin(margin)
+        picks = []
+        for d in self.policy.pick():
+            if isinstance(d, Refused):
+                for e in d.engines:
+                    self.engines[e].blocked = True
+                continue
+            tv = self.trajs[d.tid]
+            self._place(tv, d.engine, d.footprint)
             tv.queue_wait_s += now - tv.queued_at
+            picks.append((d.tid, d.engine))
         return picks
+
+    def _set_margin(self, m: Margin) -> None:
+        """Every engine's admission margin, as the policy decided for this dispatch."""
+        for e, v in enumerate(self.engines):
+            if (v.z, v.slack) != (m.z, m.slack):
+                v.z, v.slack = m.z, m.slack
+                self._sync(e)
 
     def rooms(self, tv: TrajView, fp: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Per engine: budget left over the coming tokens if tv (footprint fp) starts there (-inf where it cannot
@@ -176,24 +287,25 @@ class Scheduler:
         z = self.engines[0].z
         sib, shared = self._siblings.get(tv.group), self.shared_prompt(tv)
         charge = shared if sib is None else np.where(sib > 0, 0, shared)
-        upper = _upper(self.loads + fp[None], z) if z else self.loads[:, 0] + fp[0]  # [E, POINTS]
+        upper = _upper(self._loads + fp[None], z) if z else self._loads[:, 0] + fp[0]  # [E, POINTS]
         rooms = np.where(self._can_take, self._base - charge - upper.max(axis=1), -np.inf)  # [E]
         return rooms, self._can_take & ((rooms >= 0) | self._idle)
 
-    def sync(self, e: int) -> None:
+    def _sync(self, e: int) -> None:
         """Refresh engine e's entries in the placement vectors after its view changed."""
         v = self.engines[e]
-        self.held[e], self.full[e] = v.prompts + v.lag, v.factor * v.capacity
+        self._held[e], self._full[e] = v.prompts + v.lag, v.factor * v.capacity
         self._base[e] = v.budget - v.prompts - v.lag
         self._can_take[e] = v.alive and len(v.inflight) < self.cfg.max_inflight
         self._idle[e] = not v.inflight
+        self._alive[e], self._inflight[e] = v.alive, len(v.inflight)
 
     def shared_prompt(self, tv: TrajView) -> int:
         """The prompt KV all rollouts of a prompt on one engine share (vLLM's prefix cache shares whole blocks):
         charged once per engine; the partial last block is each trajectory's own, in its footprint."""
         return tv.prompt_len // self.block_size * self.block_size
 
-    def place(self, tv: TrajView, e: int, fp: np.ndarray | None = None) -> None:
+    def _place(self, tv: TrajView, e: int, fp: np.ndarray | None = None) -> None:
         """Start queued tv on engine e (a policy's pick), with its footprint fp if already computed."""
         if tv.state != QUEUED:
             raise SchedulerError(f"trajectory {tv.tid} is {tv.state}, cannot start")
@@ -207,7 +319,7 @@ class Scheduler:
         self._prompt_away(v, tv)  # a new one is in a turn: its group's prompt is in vLLM's KV
         v.inflight.add(tv.tid)
         self._siblings.setdefault(tv.group, np.zeros(len(self.engines)))[e] += 1
-        self.sync(e)
+        self._sync(e)
         v.dispatched += 1
         if tv.rank is None:  # kept when requeued after an engine failure
             tv.rank, self._starts = self._starts, self._starts + 1
@@ -261,11 +373,14 @@ class Scheduler:
         v = self.engines[e]
         v.usage = usage
         v.lag = max(0.0, usage * v.capacity - (float(v.load[0, 0]) - v.away) - v.prompts)
-        self.sync(e)
+        self._sync(e)
         # vLLM counts preemptions over the engine's life (engines outlive RL steps): the first report is a baseline
         preempted = v.preemptions_seen is not None and preemptions_total > v.preemptions_seen
         v.preemptions_seen = max(v.preemptions_seen or 0, preemptions_total)
-        self.policy.adapt(e, now, usage, preempted)
+        factor = self.policy.adapt(e, now, usage, preempted)
+        if factor is not None:
+            v.factor, v.blocked, v.last_adapt = factor, False, now
+            self._sync(e)
 
     # ---- trajectories out -----------------------------------------------------------------------------------
     def release(self, tid: int, outcome: str, now: float) -> None:
@@ -291,7 +406,7 @@ class Scheduler:
         (they resume from their last completed turn on another engine). Returns them."""
         v = self.engines[e]
         v.alive = False
-        self.sync(e)
+        self._sync(e)
         back = sorted(v.inflight)
         for tid in reversed(back):
             tv = self.trajs[tid]
@@ -322,7 +437,7 @@ class Scheduler:
             v.prompts = v.away = 0.0
             v.away_members.clear()
             v.away_groups.clear()
-        self.sync(tv.engine)
+        self._sync(tv.engine)
         tv.footprint, tv.engine = None, None
 
     def _running(self, tid: int) -> TrajView:
