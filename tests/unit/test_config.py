@@ -35,3 +35,18 @@ def test_a_preset_with_an_unknown_base_is_one_clear_error(tmp_path):
     bad.write_text("base: nope\nname: x\n")
     with pytest.raises(ValueError, match="has base 'nope', which is not a preset"):
         config.load(str(bad))
+
+
+def test_a_bad_override_path_names_the_missing_part():
+    with pytest.raises(ValueError, match=r"cannot set stages.3.steps: no item 3 in a list of 1"):
+        config.load("tiny", ["stages.3.steps=4"])
+    with pytest.raises(ValueError, match=r"cannot set seed.x: its parent is not a section|seed is not a section"):
+        config.load("tiny", ["seed.x=1"])
+
+
+def test_a_preset_that_inherits_from_itself_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "PRESETS", tmp_path)
+    (tmp_path / "a.yaml").write_text("base: b\nname: a\n")
+    (tmp_path / "b.yaml").write_text("base: a\nname: b\n")
+    with pytest.raises(ValueError, match="inherits from itself"):
+        config.load("a")
