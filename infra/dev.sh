@@ -78,6 +78,7 @@ apt_install() {
 
 # Debian's engine, started without a bridge or iptables rules: every container runs with --network host and talks
 # over 127.0.0.1 only. docker-compose is Debian's (v1, `docker-compose`); debootstrap makes the base image.
+dockerd_pid=/var/run/rstar2-dockerd.pid  # written only when this script starts the engine
 ensure_engine() {
   command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null ||
     { echo "[rstar2] installing docker.io, docker-compose and debootstrap (apt-get)" >&2
@@ -86,9 +87,18 @@ ensure_engine() {
   echo "[rstar2] starting dockerd (log: /var/log/rstar2-dockerd.log)" >&2
   # --group: the socket belongs to this user's group, so a CI user with sudo reaches the engine without it
   "${as_root[@]}" sh -c "setsid nohup dockerd --storage-driver=overlay2 --bridge=none --iptables=false \
-    --group $(id -gn) >/var/log/rstar2-dockerd.log 2>&1 &"
+    --group $(id -gn) >/var/log/rstar2-dockerd.log 2>&1 & echo \$! >$dockerd_pid"
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && return; sleep 1; done
   echo "[rstar2] dockerd did not start; see /var/log/rstar2-dockerd.log" >&2; exit 1
+}
+
+# The engine this script started (and only that one) stops: a test run leaves no daemon behind; images stay on disk.
+stop_engine() {
+  [[ -f $dockerd_pid ]] || return 0
+  local pid; pid="$(cat "$dockerd_pid")"
+  "${as_root[@]}" kill "$pid" 2>/dev/null || true
+  for _ in $(seq 30); do "${as_root[@]}" kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  "${as_root[@]}" rm -f "$dockerd_pid"
 }
 
 # The base image: $RSTAR2_BASE_IMAGE where a registry is reachable (e.g. python:3.11-slim-bookworm); otherwise a
@@ -144,7 +154,7 @@ print(s.getsockname()[1])' "${RSTAR2_INDEX_PORT:-3141}")"
   for d in "${links[@]}"; do ln -s "$d" "$tree/f$i"; find+=("http://127.0.0.1:$port/f$i/"); i=$((i + 1)); done
   python3 -m http.server --bind 127.0.0.1 --directory "$tree" "$port" >/dev/null 2>&1 &
   index_pid=$!
-  trap stop_local_index EXIT  # a failed build; build_images stops it itself (docker-test then `exec`s: no EXIT)
+  trap stop_local_index EXIT  # a failed build; build_images stops it itself
   for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" \
     2>/dev/null && break; sleep 0.2; done
   pip_args=(--build-arg "PIP_INDEX_URL=${urls[0]}" --build-arg "PIP_EXTRA_INDEX_URL=${urls[*]:1}"
@@ -227,7 +237,8 @@ case "$cmd" in
   images) ensure_env; build_images ;;
   docker-test)
     ensure_env; build_images
-    exec "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/docker/test_compose_stack.py \
+    trap stop_engine EXIT  # passed, failed or interrupted: the engine this script started stops
+    "$venv/bin/python" -m pytest -q -m docker tests/unit/test_sandbox_containment.py tests/docker/test_compose_stack.py \
       "$@" ;;
   gpu-test)
     command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null ||
