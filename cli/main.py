@@ -125,7 +125,7 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
         cfg = config.load(preset, set_)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
         fail(e)
-    res = preflight.run(cfg, runstate.run_dir(cfg, run_name))
+    res = preflight.run(cfg, runstate.layout(cfg, run_name))
     console.print(tables.check_table(res, preset))
     warned = sum(c["status"] == preflight.WARN for c in res["checks"])
     console.print(f"[green]ready[/green] ({warned} warning(s))" if res["ok"] else "[red]cannot start[/red]")
@@ -218,11 +218,12 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
     """Run one trajectory of a model on a problem and print it turn by turn: reasoning, code, tool output, the final
     answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
     env.apply()
-    from rstar2 import config, runstate, solve
+    from rstar2 import config, solve
+    from rstar2.layout import RunLayout
 
     _check_model_dir(checkpoint)
     if preset is None:
-        found = runstate.config_of(checkpoint)
+        found = RunLayout.config_of(checkpoint)
         preset = str(found) if found else "tiny"
         console.print(f"settings: {preset}", style="dim")
     _check_preset(preset, set_)

@@ -10,13 +10,12 @@ first (the baseline): the difference with its Welch interval and whether it is b
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field
 
 from rstar2 import ablations, config, report, runstate
+from rstar2.layout import RunLayout
 from flows.campaign import CampaignParams, campaign
 from tasks import track
 from tasks.reports import ablation_report
@@ -45,15 +44,15 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
         # later variants start from the first one's SFT model; with SFT off there is none to share: each starts
         # from its own world's initial model (the same seed: the same weights)
         if base_cfg.sft.enabled:
-            sft = sft or runstate.sft_model(Path(summary["run_dir"]), base_cfg)
+            sft = sft or runstate.sft_model(RunLayout.at(summary["run_dir"]), base_cfg)
         results[v] = summary
-    out = runstate.run_dir(base_cfg, params.name)
-    exp_id, run_id = track.open_run(base_cfg.experiment, base_cfg.out_dir, params.name, str(out),
-                                    tags={"kind": "ablation-report"},
-                                    set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
-                                    params={"variants": ",".join(params.variants), "preset": params.preset})
+    out = runstate.layout(base_cfg, params.name)
+    exp_id, run_id = track.open_run(track.RunSpec(
+        experiment=base_cfg.experiment, out_dir=base_cfg.out_dir, name=params.name, key=str(out.top),
+        tags={"kind": "ablation-report"}, set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
+        params={"variants": ",".join(params.variants), "preset": params.preset}))
     title = f"{params.preset}: {', '.join(params.variants)}" + (f" ({params.seeds} seeds)" if params.seeds > 1 else "")
-    res = ablation_report(exp_id, run_id, str(out), results, title, params.last_steps)
+    res = ablation_report((exp_id, run_id), str(out.plots), results, title, params.last_steps)
     figures, per_step = {k: v for k, v in res.items() if k != "per_step"}, res["per_step"]
     cells = lambda rows: [{k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}  # noqa: E731
                           for r in rows]  # an interval as one cell
@@ -68,4 +67,4 @@ def ablation(params: AblationParams = AblationParams()) -> dict:
     create_markdown_artifact(report.per_step_markdown(per_step), key=f"{params.name}-per-step".lower())
     track.end_run(run_id)
     return {**figures, "seeds": params.seeds, "per_step": per_step, "mlflow_run_id": run_id,
-            "plots": str(out / "plots")}
+            "plots": str(out.plots)}

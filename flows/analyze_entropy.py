@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field
 
 from rstar2 import config, runstate
 from rstar2.config import RunCfg
+from rstar2.layout import RunLayout
 from tasks import track
-from tasks.analysis import entropy_report, token_entropy
+from tasks.analysis import EntropySettings, entropy_report, token_entropy
 
 
 class EntropyParams(BaseModel):
@@ -32,63 +33,56 @@ class EntropyParams(BaseModel):
     top_frac: float = Field(0.2, gt=0, lt=1)  # the high-entropy set: this top fraction of model tokens (paper: 20 %)
 
 
-def run_paths(params: EntropyParams) -> tuple[RunCfg, Path, Path]:
-    """The run's own config (its config.json), its directory and the directory of its RL stages (a seed's)."""
-    cfg = config.load(params.preset)
-    run = runstate.run_dir(cfg, params.run_name)
-    if not (run / "config.json").is_file():
-        raise ValueError(f"{run} is not a campaign's run directory (it has no config.json)")
-    cfg = config.load(str(run / "config.json"))
-    seeds = sorted(int(p.name.removeprefix("seed-")) for p in run.glob("seed-*") if p.is_dir())
+def run_paths(params: EntropyParams) -> tuple[RunCfg, RunLayout]:
+    """The run's own config (its config.json) and its layout, rooted at the RL seed whose stages are analysed."""
+    run = runstate.layout(config.load(params.preset), params.run_name)
+    if not run.config.is_file():
+        raise ValueError(f"{run.top} is not a campaign's run directory (it has no config.json)")
+    cfg = config.load(str(run.config))
+    seeds = run.seeds()
     if params.rl_seed is not None and params.rl_seed not in seeds and seeds:
-        raise ValueError(f"{run} has no seed-{params.rl_seed} (it has {', '.join(map(str, seeds))})")
-    rl = run if not seeds else runstate.seed_dir(run, seeds[0] if params.rl_seed is None else params.rl_seed, 2)
-    return cfg, run, rl
+        raise ValueError(f"{run.top} has no seed-{params.rl_seed} (it has {', '.join(map(str, seeds))})")
+    return cfg, run if not seeds else run.for_seed(seeds[0] if params.rl_seed is None else params.rl_seed, 2)
 
 
-def last_rollouts(cfg: RunCfg, rl: Path) -> Path:
+def last_rollouts(cfg: RunCfg, run: RunLayout) -> Path:
     """The scored rollouts of the run's last RL step."""
     for stage in reversed(cfg.stages):
-        steps = sorted((rl / stage.name).glob("step-*/scored.parquet"))
+        steps = run.step_tables(stage.name, "scored.parquet")
         if steps:
             return steps[-1]
-    raise ValueError(f"{rl} has no RL step's rollouts (no <stage>/step-*/scored.parquet): run RL first, or pass "
-                     "--trajectories")
+    raise ValueError(f"{run.root} has no RL step's rollouts (no scored.parquet in any stage's steps): run RL first, "
+                     "or pass --trajectories")
 
 
-def default_checkpoints(cfg: RunCfg, run: Path, rl: Path) -> list[str]:
-    newest = runstate.newest_checkpoint(rl, cfg)
+def default_checkpoints(cfg: RunCfg, run: RunLayout) -> list[str]:
+    newest = runstate.newest_checkpoint(run, cfg)
     if newest is None:
-        raise ValueError(f"{rl} has no committed RL checkpoint: nothing to compare the SFT model with")
+        raise ValueError(f"{run.root} has no committed RL checkpoint: nothing to compare the SFT model with")
     return [runstate.rl_start_model(run, cfg), str(newest)]
-
-
-def label(model_dir: str) -> str:
-    """A checkpoint's short name: `sft`, `stage1/step-0016`, or the directory's name."""
-    p = Path(model_dir)
-    return f"{p.parent.name}/{p.name}" if p.name.startswith("step-") else p.name
 
 
 @flow(name="analyze-entropy", flow_run_name="{params.run_name}-entropy")
 def analyze_entropy(params: EntropyParams = EntropyParams()) -> dict:
-    cfg, run, rl = run_paths(params)
-    trajectories = params.trajectories or str(last_rollouts(cfg, rl))
-    ckpts = params.checkpoints or default_checkpoints(cfg, run, rl)
+    cfg, run = run_paths(params)
+    trajectories = params.trajectories or str(last_rollouts(cfg, run))
+    ckpts = params.checkpoints or default_checkpoints(cfg, run)
     for c in ckpts:
         if not (Path(c) / "config.json").is_file():
             raise ValueError(f"{c} is not a model directory (it has no config.json)")
-    labels = [label(c) for c in ckpts]
+    labels = [RunLayout.label(c) for c in ckpts]
     labels = labels if len(set(labels)) == len(labels) else ckpts  # short names only while they tell them apart
-    by_ckpt = {lb: token_entropy(c, trajectories, params.samples, cfg.seed, params.window, params.top_frac,
-                                 cfg.trainer.micro_batch_tokens, cfg.trainer.device) for lb, c in zip(labels, ckpts)}
-    name = f"{run.name}-entropy"
+    how = EntropySettings(samples=params.samples, seed=cfg.seed, window=params.window, top_frac=params.top_frac,
+                          max_tokens=cfg.trainer.micro_batch_tokens)
+    by_ckpt = {lb: token_entropy(c, trajectories, how, cfg.trainer.device) for lb, c in zip(labels, ckpts)}
+    name = f"{run.top.name}-entropy"
     inputs = {"trajectories": trajectories, "checkpoints": ",".join(ckpts), "samples": params.samples,
               "window": params.window, "top_frac": params.top_frac}
     # one MLflow run per analysis: a retry finds its own, other checkpoints or settings get a new one
-    key = f"{rl}/entropy/{zlib.crc32(json.dumps(inputs, sort_keys=True).encode()):08x}"
-    _, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, key, tags={"kind": "entropy-analysis"},
-                               params=inputs)
-    plots = entropy_report(run_id, str(rl / "analysis"), by_ckpt, re.sub(r"[^a-z0-9-]", "-", name.lower()))
+    key = f"{run.root}/entropy/{zlib.crc32(json.dumps(inputs, sort_keys=True).encode()):08x}"
+    _, run_id = track.open_run(track.RunSpec(experiment=cfg.experiment, out_dir=cfg.out_dir, name=name, key=key,
+                                             tags={"kind": "entropy-analysis"}, params=inputs))
+    plots = entropy_report(run_id, str(run.analysis()), by_ckpt, re.sub(r"[^a-z0-9-]", "-", name.lower()))
     track.end_run(run_id)
-    return {"run_dir": str(run), "trajectories": trajectories, "checkpoints": ckpts, "by_checkpoint": by_ckpt,
+    return {"run_dir": str(run.top), "trajectories": trajectories, "checkpoints": ckpts, "by_checkpoint": by_ckpt,
             "plots": plots, "mlflow_run_id": run_id}

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from rstar2 import checkpoint, config, plan, report, runstate
 from rstar2.config import RunCfg
-from rstar2.controller import Controller
+from rstar2.layout import RunRef
 from flows.evaluate import evaluate_checkpoint
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
@@ -50,23 +50,20 @@ EVAL_KEYS = ("pass1", "pass1_se", "problems", "samples")  # with pass_at_{k}: wh
 
 
 @flow(name="rl-seed", flow_run_name="seed-{cfg.rl_seed}")
-def rl_seed(cfg: RunCfg, ctl: Controller, world: dict, run_dir: str, experiment_id: str, mlflow_run_id: str,
-            sft_model: str) -> dict:
+def rl_seed(cfg: RunCfg, run: RunRef, sft_model: str) -> dict:
     """One RL seed: its stages from the SFT model (finished ones are kept), then its final evaluation."""
-    run = Path(run_dir)
     global_step, model = 0, sft_model
     for stage in cfg.stages:
-        end = runstate.finished(run, stage)
+        end = runstate.finished(run.layout, stage)
         if end is None:
-            start = stage_transition(cfg, stage.name, ctl, world, run_dir, experiment_id, mlflow_run_id, sft_model)
-            end = train_stage(cfg, stage, ctl, world, run_dir, experiment_id, mlflow_run_id, start["global_step0"],
-                              start["problems_uri"])
+            start = stage_transition(cfg, run, stage.name, sft_model)
+            end = train_stage(cfg, run, stage, start)
         global_step, model = end["global_step"], end["final_checkpoint"] or model
-    after = evaluate_checkpoint(cfg, ctl, world, model, run_dir, experiment_id, mlflow_run_id,
-                                f"final-{cfg.eval.split}", cfg.eval.split, global_step)
-    return {"rl_seed": cfg.rl_seed, "run_dir": run_dir, "mlflow_run_id": mlflow_run_id, "steps": global_step,
-            "final_checkpoint": model,
-            "stages": {s.name: (runstate.finished(run, s) or {}).get("decision", {}).get("reason") for s in cfg.stages},
+    after = evaluate_checkpoint(cfg, run, model, f"final-{cfg.eval.split}", cfg.eval.split)
+    return {"rl_seed": cfg.rl_seed, "run_dir": str(run.layout.root), "mlflow_run_id": run.mlflow_run_id,
+            "steps": global_step, "final_checkpoint": model,
+            "stages": {s.name: (runstate.finished(run.layout, s) or {}).get("decision", {}).get("reason")
+                       for s in cfg.stages},
             **{k: v for k, v in after.items() if k in EVAL_KEYS or k.startswith("pass_at_")}}
 
 
@@ -75,61 +72,61 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     t0 = time.perf_counter()
     cfg = config.load(params.preset, params.overrides)
     plan.require_fit(cfg)  # a run that cannot fit its GPUs stops here, before Ray or any actor starts
-    run = runstate.run_dir(cfg, params.run_name)
-    run.mkdir(parents=True, exist_ok=True)
-    preflight(cfg, str(run), sft=not params.sft_checkpoint)  # model, every prompt, sandbox: before anything starts
-    (run / "config.json").write_text(cfg.model_dump_json(indent=1))
+    layout = runstate.layout(cfg, params.run_name)
+    layout.top.mkdir(parents=True, exist_ok=True)
+    preflight(cfg, layout, sft=not params.sft_checkpoint)  # model, every prompt, sandbox: before anything
+    layout.config.write_text(cfg.model_dump_json(indent=1))
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}
     seeds = [cfg.model_copy(update={"rl_seed": cfg.rl_seed + i}) for i in range(params.seeds)]
-    with run_context(cfg, run, run.name, tags, owns_run=True, link_key="campaign-mlflow", params=cfg.model_dump(),
-                     set_tags={"seeds": params.seeds},  # a tag, not a param: a re-run may add seeds
-                     parent_id=params.parent_mlflow_run_id) as ctx:
-        ctl, world, exp_id, run_id = ctx.ctl, ctx.world, ctx.experiment_id, ctx.mlflow_run_id
-        sft_model = _sft_model(cfg, params, world, run)
+    with run_context(cfg, layout, layout.name, tags, owns_run=True, link_key="campaign-mlflow",
+                     params=cfg.model_dump(), set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
+                     parent_id=params.parent_mlflow_run_id) as run:
+        sft_model = _sft_model(cfg, params, run)
         by_seed = []
         for i, cfg_s in enumerate(seeds):
-            d = runstate.seed_dir(run, cfg_s.rl_seed, params.seeds)
-            resume, is_rl = runstate.resume_point(d, cfg_s, sft_model)
+            seed_layout = layout.for_seed(cfg_s.rl_seed, params.seeds)
+            resume, is_rl = runstate.resume_point(seed_layout, cfg_s, sft_model)
             if i == 0:  # the engines (kept for every seed) and the first seed's trainer, then the one SFT evaluation
-                rl.start_actors(ctl, cfg_s, resume)
+                rl.start_actors(run, cfg_s, resume)
                 if is_rl:
-                    rl.restore_trainer(ctl, resume)
-                before = evaluate_checkpoint(cfg, ctl, world, sft_model, str(run), exp_id, run_id,
-                                             f"sft-{cfg.eval.split}", cfg.eval.split, 0)
-            elif any(runstate.finished(d, s) is None for s in cfg.stages):  # a finished seed needs no trainer
-                rl.restart_trainer(ctl, cfg_s, resume)
+                    rl.restore_trainer(run, resume)
+                before = evaluate_checkpoint(cfg, run, sft_model, f"sft-{cfg.eval.split}", cfg.eval.split)
+            elif any(runstate.finished(seed_layout, s) is None for s in cfg.stages):  # a finished seed: no trainer
+                rl.restart_trainer(run, cfg_s, resume)
                 if is_rl:
-                    rl.restore_trainer(ctl, resume)
-            rl.load_weights(ctl, resume)
-            seed_run_id = run_id if params.seeds == 1 else track.open_run(
-                cfg.experiment, cfg.out_dir, f"seed-{cfg_s.rl_seed}", str(d), run_id,
-                {**tags, "kind": "seed", "rl_seed": str(cfg_s.rl_seed)})[1]
-            by_seed.append(rl_seed(cfg_s, ctl, world, str(d), exp_id, seed_run_id, sft_model))
-            if seed_run_id != run_id:
+                    rl.restore_trainer(run, resume)
+            rl.load_weights(run, resume)
+            seed_run_id = run.mlflow_run_id if params.seeds == 1 else track.open_run(track.RunSpec(
+                experiment=cfg.experiment, out_dir=cfg.out_dir, name=f"seed-{cfg_s.rl_seed}",
+                key=str(seed_layout.root), parent_id=run.mlflow_run_id,
+                tags={**tags, "kind": "seed", "rl_seed": str(cfg_s.rl_seed)}))[1]
+            by_seed.append(rl_seed(cfg_s, run.for_seed(cfg_s.rl_seed, params.seeds, seed_run_id), sft_model))
+            if seed_run_id != run.mlflow_run_id:
                 track.log_metrics(seed_run_id, {k: by_seed[-1][k] for k in ("pass1", "pass1_se")}, by_seed[-1]["steps"])
                 track.end_run(seed_run_id)
         first = by_seed[0]
-        summary = {"run_dir": str(run), "mlflow_run_id": run_id, "steps": first["steps"],
+        summary = {"run_dir": str(layout.top), "mlflow_run_id": run.mlflow_run_id, "steps": first["steps"],
                    "final_checkpoint": first["final_checkpoint"], "stages": first["stages"],
                    **report.seed_aggregate(before, by_seed), "eval_split": _headline(cfg),
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
                    "wall_s": time.perf_counter() - t0}
-        campaign_report(exp_id, run_id, str(run), summary)
-        (run / "summary.json").write_text(json.dumps(summary, indent=1))
+        campaign_report(run, summary)
+        layout.summary.write_text(json.dumps(summary, indent=1))
         create_markdown_artifact(_summary_markdown(summary, _headline(cfg)), key="campaign-summary")
         return summary
 
 
-def _sft_model(cfg: RunCfg, params: CampaignParams, world: dict, run: Path) -> str:
+def _sft_model(cfg: RunCfg, params: CampaignParams, run: RunRef) -> str:
     """The model RL starts from: the given committed SFT checkpoint, else this run's SFT (trained once), else the
     world's initial model when SFT is off."""
+    world = run.needs_world()
     if params.sft_checkpoint:
         if not checkpoint.is_committed(Path(params.sft_checkpoint)):
             raise ValueError(f"sft_checkpoint {params.sft_checkpoint} is not a committed checkpoint")
         return params.sft_checkpoint
     if cfg.sft.enabled:
-        return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
-    return world["init_model"]
+        return run_sft(cfg, world.init_model, world.sft_data, str(run.layout.sft))
+    return world.init_model
 
 
 def _headline(cfg: RunCfg) -> str:

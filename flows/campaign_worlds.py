@@ -31,23 +31,23 @@ def campaign_worlds(params: CampaignParams, world_seeds: int) -> dict:
     t0 = time.perf_counter()
     cfg = config.load(params.preset, params.overrides)
     name = f"{params.run_name or cfg.name}-worlds"
-    run = runstate.run_dir(cfg, name)
-    run.mkdir(parents=True, exist_ok=True)
-    exp_id, run_id = track.open_run(cfg.experiment, cfg.out_dir, name, str(run),
-                                    tags={"preset": params.preset, "kind": "worlds"},
-                                    set_tags={"world_seeds": world_seeds, "seeds": params.seeds})
+    run = runstate.layout(cfg, name)
+    run.top.mkdir(parents=True, exist_ok=True)
+    exp_id, run_id = track.open_run(track.RunSpec(experiment=cfg.experiment, out_dir=cfg.out_dir, name=name,
+                                                  key=str(run.top), tags={"preset": params.preset, "kind": "worlds"},
+                                                  set_tags={"world_seeds": world_seeds, "seeds": params.seeds}))
     with track.ending(run_id):
         worlds = {w: campaign(params.model_copy(update={
             "overrides": [*params.overrides, f"seed={w}"], "run_name": f"{params.run_name or cfg.name}-world-{w}",
             "parent_mlflow_run_id": run_id})) for w in range(cfg.seed, cfg.seed + world_seeds)}
-        summary = {**report.world_aggregate(worlds), "seeds": params.seeds, "run_dir": str(run),
+        summary = {**report.world_aggregate(worlds), "seeds": params.seeds, "run_dir": str(run.top),
                    "mlflow_run_id": run_id, "eval_split": worlds[cfg.seed]["eval_split"],
                    "eval_samples": worlds[cfg.seed]["eval_samples"], "eval_problems": worlds[cfg.seed]["eval_problems"],
                    "world_run_dirs": {str(w): s["run_dir"] for w, s in worlds.items()},
                    "wall_s": time.perf_counter() - t0}
         track.log_metrics(run_id, {k: summary[k] for k in ("pass1_gain_mean", "pass1_gain_min", "pass1_gain_max")},
                           0)
-    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    run.summary.write_text(json.dumps(summary, indent=1))
     create_markdown_artifact(_markdown(summary), key="campaign-worlds-summary")
     return summary
 

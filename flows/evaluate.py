@@ -25,8 +25,7 @@ from pydantic import BaseModel
 
 from rstar2 import checkpoint, config, runstate
 from rstar2.config import RunCfg
-from rstar2.controller import Controller
-from rstar2.world.build import eval_split
+from rstar2.layout import RunLayout, RunRef
 from tasks import rl
 from tasks.run import run_context
 from tasks.world import prepare_suites
@@ -46,44 +45,41 @@ class EvalParams(BaseModel):
 
 
 def result_name(model_dir: str, split: str) -> str:
-    p = Path(model_dir)
-    return f"{p.parent.name}-{p.name}-{split}" if p.name.startswith("step-") else f"{p.name}-{split}"
+    return f"{RunLayout.label(model_dir, '-')}-{split}"
 
 
 @flow(name="evaluate-checkpoint", flow_run_name="{name}")
-def evaluate_checkpoint(cfg: RunCfg, ctl: Controller, world: dict, model_dir: str, run_dir: str, experiment_id: str,
-                        mlflow_run_id: str, name: str, split: str, step: int) -> dict:
-    """Evaluate `model_dir` with the given engines (they are loaded with it first) and record it in MLflow."""
-    rl.load_weights(ctl, model_dir)
+def evaluate_checkpoint(cfg: RunCfg, run: RunRef, model_dir: str, name: str, split: str) -> dict:
+    """Evaluate `model_dir` with the run's engines (they are loaded with it first), record it as `name` in the run's
+    evaluations and in MLflow (at the checkpoint's global step; 0 for a model that is not an RL checkpoint)."""
+    rl.load_weights(run, model_dir)
     meta = checkpoint.manifest(Path(model_dir)) if checkpoint.is_committed(Path(model_dir)) else {"stage": name}
-    return evaluate_loaded(cfg, ctl, world, model_dir, run_dir, experiment_id, mlflow_run_id, name, split, step,
-                           {k: v for k, v in meta.items() if k not in ("metrics", "files")},
-                           str(Path(run_dir) / "eval" / name))
+    model = rl.ModelRef(dir=model_dir, meta={k: v for k, v in meta.items() if k not in ("metrics", "files")},
+                        step=meta.get("global_step", 0))
+    return evaluate_loaded(cfg, run, model, split, str(run.layout.eval_out(name)))
 
 
-def evaluate_loaded(cfg: RunCfg, ctl: Controller, world: dict, model_dir: str, run_dir: str, experiment_id: str,
-                    mlflow_run_id: str, name: str, split: str, step: int, meta: dict, out: str) -> dict:
-    """Evaluate `model_dir` (already in the engines) and record it in MLflow. Without eval.suites: the world's
-    `split`, samples in `<out>.parquet`, figures as eval_<figure> (eval_<split>_<figure> for val). With suites: each
-    suite (samples in `<out>/<suite>.parquet`), one table and eval/<suite>/<figure> metrics; the first suite's
-    figures are the headline returned (what a campaign compares before and after RL), all of them under "suites"."""
+def evaluate_loaded(cfg: RunCfg, run: RunRef, model: rl.ModelRef, split: str, out: str) -> dict:
+    """Evaluate `model` (already in the engines) and record it in MLflow. Without eval.suites: the world's `split`,
+    samples in `<out>.parquet`, figures as eval_<figure> (eval_<split>_<figure> for val). With suites: each suite
+    (samples in `<out>/<suite>.parquet`), one table and eval/<suite>/<figure> metrics; the first suite's figures are
+    the headline returned (what a campaign compares before and after RL), all of them under "suites"."""
     if not cfg.eval.suites:
-        result = rl.evaluate(ctl, model_dir, eval_split(world, split), cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                             f"{out}.parquet", cfg.scheduler)
-        rl.log_evaluation(result, experiment_id, mlflow_run_id, model_dir, meta, step, split)
+        result = rl.evaluate(run, cfg, model.dir, rl.EvalTable(uri=run.needs_world().split(split)), f"{out}.parquet")
+        rl.log_evaluation(run, result, model, split)
         return result
-    tables = prepare_suites(cfg, str(Path(run_dir) / "suites"), world.get("fit"))
-    results = {s.name: rl.evaluate(ctl, model_dir, tables[s.name], cfg.eval, cfg.world.max_positions, cfg.sandbox,
-                                   str(Path(out) / f"{s.name}.parquet"), cfg.scheduler, s.answer_type)
+    tables = prepare_suites(cfg, str(run.layout.suites), run.world.fit if run.world else None)
+    results = {s.name: rl.evaluate(run, cfg, model.dir, rl.EvalTable(uri=tables[s.name], answer_type=s.answer_type),
+                                   str(Path(out) / f"{s.name}.parquet"))
                for s in cfg.eval.suites}
-    rl.log_suites(results, experiment_id, mlflow_run_id, model_dir, meta, step, Path(out).name)
+    rl.log_suites(run, results, model, Path(out).name)
     headline = {**results[cfg.eval.suites[0].name], "suites": results}
     # what runstate.evaluated looks for: this model's evaluation is done
-    checkpoint.write_atomic(Path(f"{out}.json"), json.dumps({"model_dir": model_dir, "result": headline}))
+    checkpoint.write_atomic(Path(f"{out}.json"), json.dumps({"model_dir": model.dir, "result": headline}))
     return headline
 
 
-def campaign_running(run: Path) -> bool:
+def campaign_running(run: RunLayout) -> bool:
     """Whether a campaign flow run writing into `run` is running or about to (Prefect API)."""
     states = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
     with get_client(sync_client=True) as client:
@@ -92,26 +88,26 @@ def campaign_running(run: Path) -> bool:
     for fr in found:
         p = (fr.parameters or {}).get("params") or {}
         try:
-            other = runstate.run_dir(config.load(p.get("preset", "tiny"), p.get("overrides", [])), p.get("run_name"))
+            other = runstate.layout(config.load(p.get("preset", "tiny"), p.get("overrides", [])), p.get("run_name"))
         except Exception:  # noqa: BLE001 - a campaign with a config we cannot resolve cannot be ours to compare
             continue
-        if other == run.resolve() or other in run.resolve().parents:
+        if other.top == run.top:
             return True
     return False
 
 
-def _run_cfg(params: "EvalParams") -> tuple[RunCfg, Path]:
-    """The run's own config (config.json in the run directory, or its parent's for a seed directory) when the trigger
-    names the directory, else the preset's."""
+def _run_cfg(params: "EvalParams") -> tuple[RunCfg, RunLayout]:
+    """The run's own config (its config.json; a seed directory's is its run's) when the trigger names the directory,
+    else the preset's."""
     if params.run_dir:
-        run = Path(params.run_dir).resolve()
-        for d in (run, run.parent):
-            if (d / "config.json").is_file():
-                return config.load(str(d / "config.json"), params.overrides), run
-        raise ValueError(f"run_dir {run} has no config.json (not a campaign's run directory)")
+        root = Path(params.run_dir).resolve()
+        run = RunLayout.at(RunLayout.top_of(root)).model_copy(update={"root": root})
+        if not run.config.is_file():
+            raise ValueError(f"run_dir {root} has no config.json (not a campaign's run directory)")
+        return config.load(str(run.config), params.overrides), run
     cfg = config.load(params.preset, params.overrides)
     own = f"eval-{Path(params.model).name}" if params.model else None  # a model directory is not the preset's run
-    return cfg, runstate.run_dir(cfg, params.run_name or own)
+    return cfg, runstate.layout(cfg, params.run_name or own)
 
 
 @flow(name="evaluate", flow_run_name="{params.run_name}")
@@ -131,34 +127,30 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
             return _skip(log, f"eval.on_checkpoint is off for {cfg.name}")
         newest = runstate.newest_checkpoint(run, cfg)
         if newest is None:
-            return _skip(log, f"{run} has no committed RL checkpoint yet")
+            return _skip(log, f"{run.root} has no committed RL checkpoint yet")
         model_dir = str(newest)
         if runstate.evaluated(run, model_dir, split):
             return _skip(log, f"the newest checkpoint {model_dir} is already evaluated on {split}")
         if not cfg.eval.while_training and campaign_running(run):
-            return _skip(log, f"the campaign of {run} is still running (eval.while_training is off)")
+            return _skip(log, f"the campaign of {run.root} is still running (eval.while_training is off)")
     if not checkpoint.is_committed(Path(model_dir)):
         raise ValueError(f"{model_dir} is not a committed checkpoint; nothing to evaluate")
-    world_dir = run / "world" if (run / "world").exists() else run.parent / "world"  # a seed directory's is above it
     # held: the campaign's checkpoint.keep_last pruning leaves it alone while it is evaluated
     with checkpoint.hold(Path(model_dir)), run_context(cfg, run, f"{run.name}-eval",
-                                                       {"kind": "campaign", "preset": cfg.name}, world_dir) as ctx:
-        rl.start_actors(ctx.ctl, cfg, model_dir, with_trainer=False)
-        step = checkpoint.manifest(Path(model_dir)).get("global_step", 0)
-        return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,
-                                   ctx.mlflow_run_id, result_name(model_dir, split), split, step)
+                                                       {"kind": "campaign", "preset": cfg.name}) as ref:
+        rl.start_actors(ref, cfg, model_dir, with_trainer=False)
+        return evaluate_checkpoint(cfg, ref, model_dir, result_name(model_dir, split), split)
 
 
-def _evaluate_model(cfg: RunCfg, run: Path, model_dir: str, split: str) -> dict:
+def _evaluate_model(cfg: RunCfg, run: RunLayout, model_dir: str, split: str) -> dict:
     """A plain HF model directory (no run, no manifest) evaluated like a checkpoint; the world is built only when it
     is what is evaluated (no eval.suites)."""
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model directory (it has no config.json)")
     with run_context(cfg, run, f"{run.name}-eval", {"kind": "evaluation", "preset": cfg.name},
-                     with_world=not cfg.eval.suites) as ctx:
-        rl.start_actors(ctx.ctl, cfg, model_dir, with_trainer=False)
-        return evaluate_checkpoint(cfg, ctx.ctl, ctx.world, model_dir, str(run), ctx.experiment_id,
-                                   ctx.mlflow_run_id, result_name(model_dir, split), split, 0)
+                     with_world=not cfg.eval.suites) as ref:
+        rl.start_actors(ref, cfg, model_dir, with_trainer=False)
+        return evaluate_checkpoint(cfg, ref, model_dir, result_name(model_dir, split), split)
 
 
 def _skip(log, why: str) -> dict:

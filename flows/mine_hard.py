@@ -4,15 +4,13 @@ stage, or on its own from the UI (deployment `mine-hard`) for any committed chec
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
 from rstar2 import config, runstate
 from rstar2.config import RunCfg
-from rstar2.controller import Controller
+from rstar2.layout import RunRef
 from tasks import rl, track
 from tasks.run import run_context
 
@@ -27,13 +25,11 @@ class MineParams(BaseModel):
 
 
 @flow(name="mine-hard-set", flow_run_name="{stage_name}")
-def mine_hard_set(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict, run_dir: str, experiment_id: str,
-                  campaign_run_id: str, checkpoint_dir: str) -> dict:
+def mine_hard_set(cfg: RunCfg, run: RunRef, stage_name: str, checkpoint_dir: str) -> dict:
+    """The hard set for `stage_name` mined with `checkpoint_dir`, logged as a dataset of the run's MLflow run."""
     stage = next(s for s in cfg.stages if s.name == stage_name)
-    out = Path(run_dir) / "mining" / stage_name / Path(checkpoint_dir).name
-    lineage = rl.mine_hard(ctl, checkpoint_dir, world["train"], cfg.mining, cfg.rollout_for(stage), cfg.sandbox,
-                           cfg.world.max_positions, str(out), cfg.rl_seed, cfg.scheduler)
-    track.log_dataset(campaign_run_id, lineage["hard_uri"], f"hard-{stage_name}", "training", lineage)
+    lineage = rl.mine_hard(run, cfg, stage, checkpoint_dir)
+    track.log_dataset(run.mlflow_run_id, lineage["hard_uri"], f"hard-{stage_name}", "training", lineage)
     create_markdown_artifact(
         f"**hard set for {stage_name}** from `{checkpoint_dir}` (k={lineage['k']})\n\n| problems | count |\n|---|---|\n"
         f"| mined | {lineage['problems_before']} |\n| solved k/k (dropped) | {lineage['solved_all']} |\n"
@@ -46,12 +42,11 @@ def mine_hard_set(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict, ru
 def mine_hard(params: MineParams = MineParams()) -> dict:
     """Deployment entry: mine on its own, with its own engine (the campaign's actors are not needed)."""
     cfg = config.load(params.preset, params.overrides)
-    run = runstate.run_dir(cfg, params.run_name)
+    run = runstate.layout(cfg, params.run_name)
     index = [s.name for s in cfg.stages].index(params.stage) if params.stage in [s.name for s in cfg.stages] else None
     if index is None:
         raise ValueError(f"preset {params.preset!r} has no stage {params.stage!r}: {[s.name for s in cfg.stages]}")
     ckpt = params.checkpoint or runstate.stage_start(run, cfg, index, runstate.sft_model(run, cfg))[0]
-    with run_context(cfg, run, f"{run.name}-mine", {"kind": "campaign", "preset": params.preset}) as ctx:
-        rl.start_actors(ctx.ctl, cfg, ckpt, with_trainer=False)
-        return mine_hard_set(cfg, params.stage, ctx.ctl, ctx.world, str(run), ctx.experiment_id, ctx.mlflow_run_id,
-                             ckpt)
+    with run_context(cfg, run, f"{run.name}-mine", {"kind": "campaign", "preset": params.preset}) as ref:
+        rl.start_actors(ref, cfg, ckpt, with_trainer=False)
+        return mine_hard_set(cfg, ref, params.stage, ckpt)

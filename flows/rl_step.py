@@ -3,45 +3,43 @@ rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
+from pydantic import BaseModel
 
 from rstar2.config import RunCfg, StageCfg
-from rstar2.controller import Controller
+from rstar2.layout import RunRef
 from flows.evaluate import evaluate_loaded
 from tasks import rl
 
 
+class StepAt(BaseModel):
+    """Which step: `step` of `stage` (0-based within the stage), `global_step` over the run's stages."""
+    stage: StageCfg
+    step: int
+    global_step: int
+
+
 # validate_parameters off: the stage flow passes the typed objects it was itself given (validated once, there);
 # pydantic would re-validate the whole run config at every step
-@flow(name="rl-step", flow_run_name="{stage.name}-step-{step}", validate_parameters=False)
-def rl_step(cfg: RunCfg, stage: StageCfg, step: int, global_step: int, ctl: Controller, world: dict, run_dir: str,
-            experiment_id: str, mlflow_run_id: str, problems_uri: str) -> dict:
+@flow(name="rl-step", flow_run_name="{at.stage.name}-step-{at.step}", validate_parameters=False)
+def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""
-    d = Path(run_dir) / stage.name / f"step-{step:04d}"
-    limits = cfg.rollout_for(stage)
-    samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
-    rolled = rl.rollout(ctl, world["init_model"], problems_uri, step, stage.prompts_per_step, samples, limits,
-                        cfg.sandbox, cfg.rl_seed, cfg.world.max_positions, str(d / "rollouts.parquet"), cfg.scheduler,
-                        cfg.trainer.engine_logprobs)
-    scored = rl.score(ctl, rolled["uri"], cfg.sandbox, str(d / "scored.parquet"))
-    sandbox = rl.sandbox_stats(scored)
-    kept = rl.roc_filter(scored, cfg.roc, limits.group_size, cfg.rl_seed * 100_003 + global_step,
-                         str(d / "kept.parquet"))
+    stage, step, global_step = at.stage, at.step, at.global_step
+    rolled = rl.rollout(run, cfg, stage, step, problems_uri)
+    scored = rl.score(run, rolled, cfg.sandbox)
+    sandbox = rl.sandbox_stats(scored, rolled)
+    kept = rl.roc_filter(scored, cfg, stage, cfg.rl_seed * 100_003 + global_step)
     batch = rl.batch_metrics(scored, kept)
-    update = rl.grpo_update(ctl, kept)
-    meta = {"run": Path(run_dir).name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
+    update = rl.grpo_update(run, kept)
+    meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
-    ckpt = rl.checkpoint(ctl, update, batch, sandbox, str(Path(run_dir) / "checkpoints" / stage.name /
-                                                          f"step-{step + 1:04d}"), meta, experiment_id, mlflow_run_id,
-                         cfg.checkpoint.keep_last)
+    ckpt = rl.checkpoint(run, {"batch": batch, "sandbox": sandbox, "update": update},
+                         str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
-    metrics = {**{k: v for k, v in rolled.items() if k != "uri"}, **batch, **sandbox,
+    metrics = {**{k: v for k, v in rolled.items() if k not in ("uri", "sandbox")}, **batch, **sandbox,
                **{k: v for k, v in kept.items() if k != "uri"}, **update}
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-        ev = evaluate_loaded(cfg, ctl, world, ckpt, run_dir, experiment_id, mlflow_run_id,
-                             f"{stage.name}-step-{step + 1:04d}", cfg.eval.split, global_step + 1, meta,
-                             str(d / "eval"))
+        ev = evaluate_loaded(cfg, run, rl.ModelRef(dir=ckpt, meta=meta, step=global_step + 1), cfg.eval.split,
+                             str(run.layout.step_eval(stage.name, step)))
         metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "suites"})  # with suites: the first suite's
     return {"checkpoint": ckpt, **metrics}

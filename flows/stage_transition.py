@@ -3,34 +3,39 @@ on them (its own flow), reset the optimizer where the recipe says so, and hand t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
+from pydantic import BaseModel
 
-from rstar2 import checkpoint, runstate
+from rstar2 import runstate
 from rstar2.config import RunCfg
-from rstar2.controller import Controller
+from rstar2.layout import RunRef
 from flows.mine_hard import mine_hard_set
 from tasks import rl, track
 
 
+class StageStart(BaseModel):
+    """Where a stage starts: the problems it trains on, the checkpoint it starts from and its first global step."""
+    problems_uri: str
+    start_model: str
+    global_step0: int
+
+
 @flow(name="stage-transition", flow_run_name="to-{stage_name}")
-def stage_transition(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict, run_dir: str, experiment_id: str,
-                     campaign_run_id: str, sft_model: str) -> dict:
-    """Returns the next stage's start: problems URI, start checkpoint and global step."""
-    run = Path(run_dir)
+def stage_transition(cfg: RunCfg, run: RunRef, stage_name: str, sft_model: str) -> StageStart:
+    """Returns the next stage's start; the transition's record goes to the run's MLflow run."""
+    layout = run.layout
     index = [s.name for s in cfg.stages].index(stage_name)
     stage = cfg.stages[index]
-    start_model, global_step0 = runstate.stage_start(run, cfg, index, sft_model)
-    fresh = checkpoint.latest(runstate.stage_ckpts(run, stage)) is None  # not a retry of a started stage
-    previous = runstate.finished(run, cfg.stages[index - 1]) if index else None
-    actions, problems_uri = [], world["train"]
+    start_model, global_step0 = runstate.stage_start(layout, cfg, index, sft_model)
+    fresh = runstate.latest_step(layout, stage) is None  # not a retry of a started stage
+    previous = runstate.finished(layout, cfg.stages[index - 1]) if index else None
+    actions, problems_uri = [], run.needs_world().train
     if stage.data == "hard":
-        lineage = mine_hard_set(cfg, stage_name, ctl, world, run_dir, experiment_id, campaign_run_id, start_model)
+        lineage = mine_hard_set(cfg, run, stage_name, start_model)
         problems_uri = lineage["hard_uri"]
         actions.append(f"mined {lineage['problems_after']} hard of {lineage['problems_before']} problems")
     if fresh and stage.reset_optimizer:
-        rl.reset_optimizer(ctl)
+        rl.reset_optimizer(run)
         actions.append("reset optimizer")
     record = {"to": stage.name, "from": previous["stage"] if previous else "sft",
               "previous_end": previous["decision"] if previous else None, "start_checkpoint": start_model,
@@ -39,5 +44,6 @@ def stage_transition(cfg: RunCfg, stage_name: str, ctl: Controller, world: dict,
                            "max_turns": cfg.rollout_for(stage).max_turns, "prompts_per_step": stage.prompts_per_step}}
     why = (previous or {}).get("decision", {}).get("reason", "start")
     summary = f"from {record['from']} ({why}); {', '.join(actions) or 'no action'}"
-    track.log_record(campaign_run_id, record, f"transitions/{stage.name}.json", {f"transition.{stage.name}": summary})
-    return {"problems_uri": problems_uri, "start_model": start_model, "global_step0": global_step0}
+    track.log_record(run.mlflow_run_id, record, f"transitions/{stage.name}.json",
+                     {f"transition.{stage.name}": summary})
+    return StageStart(problems_uri=problems_uri, start_model=start_model, global_step0=global_step0)

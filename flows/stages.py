@@ -31,9 +31,9 @@ class StageParams(RunParams):
 @flow(name="sft", flow_run_name="{params.preset}")
 def sft(params: RunParams = RunParams()) -> str:
     cfg = config.load(params.preset, params.overrides)
-    run = runstate.run_dir(cfg, params.run_name)
-    world = build_world(cfg, str(run / "world"))
-    return run_sft(cfg, world["init_model"], world["sft_data"], str(run / "sft"))
+    run = runstate.layout(cfg, params.run_name)
+    world = build_world(cfg, str(run.world))
+    return run_sft(cfg, world["init_model"], world["sft_data"], str(run.sft))
 
 
 @flow(name="run-stage", flow_run_name="{params.stage}")
@@ -43,20 +43,18 @@ def run_stage(params: StageParams = StageParams()) -> dict:
     if params.stage not in names:
         raise ValueError(f"preset {params.preset!r} has no stage {params.stage!r}; its stages: {names}")
     index = names.index(params.stage)
-    run = runstate.run_dir(cfg, params.run_name)
+    run = runstate.layout(cfg, params.run_name)
     unfinished = [s.name for s in cfg.stages[:index] if runstate.finished(run, s) is None]
     if unfinished:
-        raise ValueError(f"stage {params.stage!r} starts after {unfinished}, which have not finished in {run}")
+        raise ValueError(f"stage {params.stage!r} starts after {unfinished}, which have not finished in {run.root}")
     sft_model = runstate.sft_model(run, cfg)
     resume, is_rl = runstate.resume_point(run, cfg, sft_model, upto=index)
     if not is_rl and cfg.sft.enabled and not checkpoint.is_committed(Path(sft_model)):
         raise ValueError(f"{sft_model} is not a committed SFT model: run the `sft` flow first, or set "
                          f"sft.enabled=false to start RL from the initial model")
-    with run_context(cfg, run, run.name, {"kind": "campaign", "preset": params.preset}) as ctx:
-        rl.start_actors(ctx.ctl, cfg, resume)
+    with run_context(cfg, run, run.name, {"kind": "campaign", "preset": params.preset}) as ref:
+        rl.start_actors(ref, cfg, resume)
         if is_rl:
-            rl.restore_trainer(ctx.ctl, resume)
-        start = stage_transition(cfg, params.stage, ctx.ctl, ctx.world, str(run), ctx.experiment_id,
-                                 ctx.mlflow_run_id, sft_model)
-        return train_stage(cfg, cfg.stages[index], ctx.ctl, ctx.world, str(run), ctx.experiment_id, ctx.mlflow_run_id,
-                           start["global_step0"], start["problems_uri"])
+            rl.restore_trainer(ref, resume)
+        start = stage_transition(cfg, ref, params.stage, sft_model)
+        return train_stage(cfg, ref, cfg.stages[index], start)

@@ -4,7 +4,6 @@ resuming after the stage's last committed checkpoint, then commits the stage's e
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
@@ -12,8 +11,9 @@ from prefect.settings import temporary_settings
 
 from rstar2 import checkpoint, runstate, transition
 from rstar2.config import RunCfg, StageCfg
-from rstar2.controller import Controller
-from flows.rl_step import rl_step
+from rstar2.layout import RunRef
+from flows.rl_step import StepAt, rl_step
+from flows.stage_transition import StageStart
 from tasks import costs, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
@@ -36,17 +36,18 @@ def _progress_line(stage: StageCfg, row: dict) -> str:
 
 
 @flow(name="train-stage", flow_run_name="{stage.name}")
-def train_stage(cfg: RunCfg, stage: StageCfg, ctl: Controller, world: dict, run_dir: str, experiment_id: str,
-                parent_run_id: str, global_step0: int, problems_uri: str) -> dict:
-    run = Path(run_dir)
-    if done := runstate.finished(run, stage):
+def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) -> dict:
+    """The stage from `start` (stage_transition's), its steps logged to a stage run under the run's MLflow run."""
+    layout, global_step0 = run.layout, start.global_step0
+    if done := runstate.finished(layout, stage):
         return done
     metric = stage.plateau.metric if stage.plateau else "reward_mean"
-    committed = checkpoint.committed(runstate.stage_ckpts(run, stage))  # steps this stage already finished
+    committed = runstate.committed_steps(layout, stage)  # steps this stage already finished
     rows = [{"step": checkpoint.manifest(d)["step"], **checkpoint.manifest(d).get("metrics", {})} for d in committed]
     tags = {"stage": stage.name, **({"ablation": cfg.ablation} if cfg.ablation else {})}
-    _, run_id = track.open_run(cfg.experiment, cfg.out_dir, f"stage-{stage.name}", f"{run}#{stage.name}",
-                               parent_run_id, tags, params=stage.model_dump(), link_key=_key(stage, "mlflow"))
+    _, run_id = track.open_run(track.RunSpec(
+        experiment=cfg.experiment, out_dir=cfg.out_dir, name=f"stage-{stage.name}", key=f"{layout.root}#{stage.name}",
+        parent_id=run.mlflow_run_id, tags=tags, params=stage.model_dump(), link_key=_key(stage, "mlflow")))
     step = len(rows)
     progress = create_progress_artifact(step / max(1, stage.steps) * 100, key=_key(stage, "progress"),
                                         description=_progress_line(stage, rows[-1] if rows else {"step": 0}))
@@ -55,23 +56,23 @@ def train_stage(cfg: RunCfg, stage: StageCfg, ctl: Controller, world: dict, run_
     since = costs.mark()  # a step's orchestration cost is measured over its window (track.log_step)
     while not decision.advance:
         with temporary_settings(updates=STEP_SETTINGS):
-            res = rl_step(cfg, stage, step, global_step0 + step, ctl, world, run_dir, experiment_id, run_id,
-                          problems_uri)
+            res = rl_step(cfg, run.model_copy(update={"mlflow_run_id": run_id}),
+                          StepAt(stage=stage, step=step, global_step=global_step0 + step), start.problems_uri)
         res["step_s"] = time.perf_counter() - since[0]
         step += 1
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})
         with costs.prefect():  # the step's one artifact call
             update_progress_artifact(progress, step / stage.steps * 100, _progress_line(stage, rows[-1]))
-        _, since = track.log_step(rows, global_step0, stage.name, run_id, parent_run_id, since)
+        _, since = track.log_step(rows, global_step0, stage.name, (run_id, run.mlflow_run_id), since)
         decision = transition.decide(history(), step, stage.steps, stage.plateau)
     if rows:
         create_table_artifact([{k: round(r[k], 4) if isinstance(r.get(k), float) else r.get(k) for k in
                                 ("step",) + TABLE} for r in rows], key=_key(stage, "metrics"),
                               description=f"stage {stage.name}: per-step metrics")
-    final = checkpoint.latest(runstate.stage_ckpts(run, stage))
+    final = runstate.latest_step(layout, stage)
     record = {"stage": stage.name, "decision": decision.to_dict(), "steps": step,
               "global_step": global_step0 + step, "final_checkpoint": str(final) if final else None}
     track.log_record(run_id, record, "stage_end.json", {"end_reason": decision.reason})
-    runstate.mark_finished(run, stage, record)
+    runstate.mark_finished(layout, stage, record)
     track.end_run(run_id)
     return record

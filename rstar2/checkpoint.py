@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from rstar2.layout import STEP_PREFIX
+
 MARKER = "COMMITTED.json"
 
 
@@ -92,14 +94,14 @@ def manifest(d: Path) -> dict:
     return json.loads((Path(d) / MARKER).read_text())
 
 
-def committed(root: Path, prefix: str = "step-") -> list[Path]:
+def committed(root: Path, prefix: str = STEP_PREFIX) -> list[Path]:
     """The committed checkpoints under `root`, in step order (by the number in the name)."""
     root = Path(root)
     found = [d for d in root.glob(f"{prefix}*") if d.is_dir() and is_committed(d)] if root.is_dir() else []
     return sorted(found, key=lambda d: int(d.name[len(prefix):]))
 
 
-def latest(root: Path, prefix: str = "step-") -> Path | None:
+def latest(root: Path, prefix: str = STEP_PREFIX) -> Path | None:
     """The newest committed checkpoint under `root` (by step number in the name), or None."""
     found = committed(root, prefix)
     return found[-1] if found else None
@@ -122,7 +124,7 @@ def hold(ckpt_dir: Path):
         marker.unlink(missing_ok=True)
 
 
-def prune(root: Path, keep_last: int | None, prefix: str = "step-") -> list[Path]:
+def prune(root: Path, keep_last: int | None, prefix: str = STEP_PREFIX) -> list[Path]:
     """Delete the committed checkpoints under `root` older than its newest `keep_last`, except held ones (`hold`);
     returns what was deleted. Uncommitted `.tmp-*` directories are not touched (a commit may be writing one)."""
     if not keep_last:

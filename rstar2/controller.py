@@ -1,7 +1,7 @@
 """The controller: the one object in the driver (the Prefect flow process) that owns a run's Ray actors (the vLLM
 engines and the trainer), its sandbox (rstar2.sandbox.backends: a service in this process, servers, a Ray actor
-group or a container), kv_aware's length estimator and weight sync. A flow gets it from tasks.run.run_context and
-hands it to every subflow and task; tasks call its methods and never Ray.
+group or a container), kv_aware's length estimator and weight sync. tasks.run.run_context creates it for a flow's
+run, and tasks find it from the run reference they are given; tasks call its methods and never Ray.
 
 Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
 driver on a shared cluster uses a run id of its own) and are non-detached: they die with the driver, or at `stop()`.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 
 import ray
 
@@ -42,9 +41,7 @@ class Controller:
     `restore`, `reset_optimizer`, `restart_trainer`. Sandbox: `sandbox` and `verifier` (started on first use, its
     warm executors shared by every rollout and reward check of the run, closed at `stop`). `estimator` is
     kv_aware's length model, carried from step to step of the run (a resumed run starts again from the prior).
-
-    Prefect records a flow's parameters as JSON: `dict(controller)` is its identity (run id and actor names), so
-    that is what the UI shows for it, never the handles."""
+    It never travels as a flow or task parameter: tasks find it from the run reference (tasks.run.controller)."""
 
     def __init__(self, run_id: str):
         self.run_id = run_id
@@ -62,9 +59,6 @@ class Controller:
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
         return {"run_id": self.run_id, "engines": names, "trainer": trainer if self.trainer is not None else None}
-
-    def __iter__(self) -> Iterator[tuple[str, object]]:
-        return iter(self.identity().items())
 
     def __repr__(self) -> str:
         return f"Controller({self.identity()})"

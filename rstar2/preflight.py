@@ -28,6 +28,7 @@ import polars as pl
 
 from rstar2 import checkpoint, rollout
 from rstar2.config import RunCfg, model_positions
+from rstar2.layout import RunLayout
 from rstar2.world import build
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -85,14 +86,14 @@ def budgets(cfg: RunCfg) -> tuple[int, int]:
     return train, cfg.eval.max_response_tokens
 
 
-def run(cfg: RunCfg, run_dir: Path, sft: bool = True) -> dict:
-    """Every check for the run in `run_dir` (its world is made there if it is not yet); the record of what was
+def run(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
+    """Every check for the run at `layout` (its world is made there if it is not yet); the record of what was
     dropped goes to the world directory. `sft` off: the SFT transcripts are not checked (a given SFT model).
     Returns the rows, what was dropped, and `ok` (no check failed)."""
     rows: list[Row] = []
-    world_dir = Path(run_dir) / "world"
+    world_dir = layout.world
     train_budget, eval_budget = budgets(cfg)
-    out = {"run_dir": str(run_dir), "context": cfg.world.max_positions, "train_budget": train_budget,
+    out = {"run_dir": str(layout.top), "context": cfg.world.max_positions, "train_budget": train_budget,
            "eval_budget": eval_budget, "dropped": {}}
     uris = _world(cfg, world_dir, rows)
     model_dir = cfg.world.base_model or (uris or {}).get("init_model")  # the tiny world's model: once it is made
@@ -105,7 +106,7 @@ def run(cfg: RunCfg, run_dir: Path, sft: bool = True) -> dict:
         out["dropped"] = {k: f.dropped_ids for k, f in tables.items()}
         _record(world_dir, uris, tables, out)
         if sft:
-            rows.append(_sft(cfg, chat, uris["sft_data"], Path(run_dir) / "sft"))
+            rows.append(_sft(cfg, chat, uris["sft_data"], layout.sft))
     rows += [_plan(cfg), _sandbox(cfg)]
     return {**out, "ok": all(r.status != FAIL for r in rows), "checks": [asdict(r) for r in rows]}
 

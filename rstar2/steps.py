@@ -5,7 +5,6 @@ rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (traine
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import Counter
@@ -25,11 +24,6 @@ from rstar2.reward import Verifier, extract_answer
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend
 from rstar2.sandbox.metrics import summarize
-
-def _stats_uri(uri: str) -> Path:
-    """The sandbox figures that go with a rollout/scored table (service counters are not per row)."""
-    return Path(uri).with_suffix(".sandbox.json")
-
 
 class ToolDisabled:
     """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on
@@ -70,22 +64,20 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
     trajs, sched_stats = loop.run(problems, n_samples, seed)
     sched_stats.pop("sched_failures")
     sched_stats.pop("sched_policy")
-    if sb:
-        _stats_uri(out_uri).parent.mkdir(parents=True, exist_ok=True)
-        _stats_uri(out_uri).write_text(json.dumps(summarize(before, sb.snapshot())))
+    service = summarize(before, sb.snapshot()) if sb else {}  # the service's counters are not per row
     rows = rollout.to_rows(trajs, chat.tokenizer)
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(out_uri)
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
     return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
-            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats}
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats, "sandbox": service}
 
 
 def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: str = "math") -> dict:
     """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format. `answer_type` math: Math-Verify
     in the sandbox through `check` (the RL reward); integer or choice (evaluation suites): an exact check here
-    (rstar2.data.clean), no verifier needed."""
+    (rstar2.data.clean), no verifier needed. Returns the mean reward and the verifier's figures ("verify")."""
     df = pl.read_parquet(rollouts_uri)
     texts, golds, cut = df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list()
     statuses: Counter = Counter()
@@ -96,10 +88,8 @@ def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: 
         statuses = check.last_statuses
     else:
         rewards = [0.0 if c else clean.matches(extract_answer(t), g, answer_type) for t, g, c in zip(texts, golds, cut)]
-    stats = json.loads(_stats_uri(rollouts_uri).read_text()) if _stats_uri(rollouts_uri).exists() else {}
-    stats.update({"verify_calls": float(sum(statuses.values())),
-                  **{f"verify_status_{k}": float(v) for k, v in statuses.items()}})
-    _stats_uri(out_uri).write_text(json.dumps(stats))
+    verify = {"verify_calls": float(sum(statuses.values())),
+              **{f"verify_status_{k}": float(v) for k, v in statuses.items()}}
     blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
     df = df.with_columns(
         reward=pl.Series(rewards, dtype=pl.Float64),
@@ -108,14 +98,14 @@ def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: 
                            dtype=pl.Float64),
     )
     df.write_parquet(out_uri)
-    return {"reward_mean": float(np.mean(rewards)) if rewards else 0.0}
+    return {"reward_mean": float(np.mean(rewards)) if rewards else 0.0, "verify": verify}
 
 
-def sandbox_stats(scored_uri: str) -> dict:
-    """What the sandbox did this step: the tool calls' statuses and latency (from the rollout table), the service's
-    own figures over the rollout (calls/s, latency percentiles, queue wait and depth) and the reward checks."""
+def sandbox_stats(scored_uri: str, service: dict) -> dict:
+    """What the sandbox did this step: the tool calls' statuses and latency (from the rollout table), and `service`:
+    the service's own figures over the rollout (calls/s, latency percentiles, queue wait and depth: the rollout's
+    "sandbox") and the reward checks (the score's "verify")."""
     df = pl.read_parquet(scored_uri)
-    service = json.loads(_stats_uri(scored_uri).read_text()) if _stats_uri(scored_uri).exists() else {}
     statuses = Counter(s for row in df["tool_statuses"].to_list() for s in row)
     walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
     calls = sum(statuses.values())
@@ -168,7 +158,8 @@ def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, pr
     info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
                               cfg.samples, limits, sandbox, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
     scored = score(out_uri, check, out_uri, answer_type)
-    return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"], **scored}
+    return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"],
+            "reward_mean": scored["reward_mean"]}
 
 
 def eval_stats(scored_uri: str, ks: list[int] | None = None) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel
 
 from rstar2 import device as dev, entropy, tracking
 from rstar2.chat import load_tokenizer
@@ -13,16 +14,25 @@ from rstar2.trainer import load_model
 from tasks import costs
 
 
+class EntropySettings(BaseModel):
+    """What the analysis reads: `samples` trajectories drawn with `seed`, `window` tokens after each tool response,
+    the top `top_frac` of tokens by entropy, forward passes of at most `max_tokens`."""
+    samples: int
+    seed: int
+    window: int
+    top_frac: float
+    max_tokens: int
+
+
 @task(name="token-entropy", cache_policy=None)
 @costs.work
-def token_entropy(model_dir: str, trajectories_uri: str, samples: int, seed: int, window: int, top_frac: float,
-                  max_tokens: int, device: str = "auto") -> dict:
-    """rstar2.entropy.analyze of `model_dir` on `samples` trajectories of the table (drawn with `seed`, so every
-    checkpoint sees the same ones)."""
+def token_entropy(model_dir: str, trajectories_uri: str, how: EntropySettings, device: str = "auto") -> dict:
+    """rstar2.entropy.analyze of `model_dir` on `how.samples` trajectories of the table (drawn with `how.seed`, so
+    every checkpoint sees the same ones)."""
     df = pl.read_parquet(trajectories_uri)
-    rows = df.sample(n=min(samples, df.height), seed=seed).to_dicts()
+    rows = df.sample(n=min(how.samples, df.height), seed=how.seed).to_dicts()
     model = load_model(model_dir, dev.pick(device))
-    return entropy.analyze(model, load_tokenizer(model_dir), rows, window, top_frac, max_tokens)
+    return entropy.analyze(model, load_tokenizer(model_dir), rows, how.window, how.top_frac, how.max_tokens)
 
 
 @task(name="entropy-report", cache_policy=None)

@@ -3,22 +3,21 @@ run that cannot start stops here, before SFT, Ray or any actor."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rstar2 import preflight as checks
 from rstar2.config import RunCfg
+from rstar2.layout import RunLayout
 from tasks import costs
 
 
 @task(name="preflight", cache_policy=None, retries=0)
 @costs.work
-def preflight(cfg: RunCfg, run_dir: str, sft: bool = True) -> dict:
-    """Every check of `rstar2 check` for the run in `run_dir`; PreflightError naming what failed, else the figures
+def preflight(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
+    """Every check of `rstar2 check` for the run at `layout`; PreflightError naming what failed, else the figures
     (what was dropped is recorded in the world, which RL and evaluation then read)."""
-    res = checks.run(cfg, Path(run_dir), sft)
+    res = checks.run(cfg, layout, sft)
     log = get_run_logger()
     for c in res["checks"]:
         (log.info if c["status"] == checks.OK else log.warning)(f"preflight {c['status']}: {c['check']}: {c['detail']}")

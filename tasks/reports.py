@@ -3,21 +3,20 @@ curves as PNGs (rstar2/report.py draws them from the runs' metric histories)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 
 from rstar2 import report, tracking
+from rstar2.layout import RunRef
 from tasks import costs
 
 
 @task(name="campaign-report", cache_policy=None)
 @costs.work
-def campaign_report(experiment_id: str, run_id: str, run_dir: str, summary: dict) -> list[str]:
+def campaign_report(run: RunRef, summary: dict) -> list[str]:
     """The campaign's headline figures (pass@1, pass@k, gain with its interval, wall time) at its last step, the
     summary, and the curves: one line per stage, or with several seeds their mean with a min-max band. Returns the
     plots' paths."""
-    run = Path(run_dir)
+    experiment_id, run_id, name = run.experiment_id, run.mlflow_run_id, run.layout.name
     by_seed = summary["by_seed"]
     figures = {k: v for k, v in summary.items() if k.startswith(("pass1", "pass_at", "wall"))}
     figures.update(pass1_gain_ci95_lo=summary["pass1_gain_ci95"][0], pass1_gain_ci95_hi=summary["pass1_gain_ci95"][1])
@@ -26,12 +25,12 @@ def campaign_report(experiment_id: str, run_id: str, run_dir: str, summary: dict
         tracking.client().log_dict(run_id, summary, "summary.json")
         if len(by_seed) == 1:
             curves = tracking.histories_by_stage(experiment_id, run_id, list(report.CURVES))
-            title = f"{run.name}: stages"
+            title = f"{name}: stages"
         else:
-            curves = {run.name: [tracking.stage_histories(experiment_id, s["mlflow_run_id"], list(report.CURVES))
+            curves = {name: [tracking.stage_histories(experiment_id, s["mlflow_run_id"], list(report.CURVES))
                                  for s in by_seed]}
-            title = f"{run.name}: {len(by_seed)} RL seeds"
-    pngs = report.comparison_plots(curves, str(run / "plots"), title)
+            title = f"{name}: {len(by_seed)} RL seeds"
+    pngs = report.comparison_plots(curves, str(run.layout.plots), title)
     with costs.mlflow():
         for png in pngs:
             tracking.client().log_artifact(run_id, png, "plots")
@@ -40,16 +39,18 @@ def campaign_report(experiment_id: str, run_id: str, run_dir: str, summary: dict
 
 @task(name="ablation-report", cache_policy=None)
 @costs.work
-def ablation_report(experiment_id: str, run_id: str, out_dir: str, results: dict[str, dict], title: str,
+def ablation_report(tracked: tuple[str, str], plots_dir: str, results: dict[str, dict], title: str,
                     last_steps: int = 3) -> dict:
-    """Each variant's curves over its seeds (their mean with a min-max band) as PNGs, the figures of
+    """`tracked`: the report's MLflow (experiment id, run id). Each variant's curves over its seeds (their mean with a
+    min-max band) as PNGs in `plots_dir`, the figures of
     rstar2.report.ablation_summary and of report.last_steps_summary (the training figures over the last
     `last_steps` steps) as metrics and, with the per-step means, as ablation.json. Returns
     {**figures, "last_steps": ..., "per_step": rows}."""
+    experiment_id, run_id = tracked
     with costs.mlflow():
         curves = {v: [tracking.stage_histories(experiment_id, seed["mlflow_run_id"], list(report.CURVES))
                       for seed in s["by_seed"]] for v, s in results.items()}  # per variant, one set per seed
-    pngs = report.comparison_plots(curves, str(Path(out_dir) / "plots"), title)
+    pngs = report.comparison_plots(curves, plots_dir, title)
     figures = {**report.ablation_summary(results), "last_steps": report.last_steps_summary(curves, last_steps)}
     per_step = report.per_step_rows({v: report.mean_curves(runs) for v, runs in curves.items()})
     with costs.mlflow():

@@ -8,28 +8,42 @@ from contextlib import contextmanager
 
 from prefect import task
 from prefect.artifacts import create_link_artifact
+from pydantic import BaseModel
 
 from rstar2 import health, tracking
 from tasks import costs
 
 
+class RunSpec(BaseModel):
+    """An MLflow run to open: the run keyed `key` in `experiment` (created with `tags` and under `parent_id` if new);
+    `set_tags` and `params` are (re)written each time, and `link_key` names a link artifact to the run in the MLflow
+    UI."""
+    experiment: str
+    out_dir: str
+    name: str
+    key: str
+    parent_id: str | None = None
+    tags: dict = {}
+    set_tags: dict = {}
+    params: dict = {}
+    link_key: str | None = None
+
+
 @task(name="open-run", cache_policy=None)
 @costs.work
-def open_run(experiment: str, out_dir: str, name: str, key: str, parent_id: str | None = None,
-             tags: dict | None = None, set_tags: dict | None = None, params: dict | None = None,
-             link_key: str | None = None) -> tuple[str, str]:
-    """The run keyed `key` (created with `tags` if new) in the experiment; `set_tags` and `params` are (re)written
-    each time, and `link_key` names a link artifact to the run in the MLflow UI. Returns (experiment id, run id)."""
+def open_run(spec: RunSpec) -> tuple[str, str]:
+    """Returns (experiment id, run id)."""
     with costs.mlflow():
-        exp_id = tracking.setup(experiment, out_dir)
-        run_id = tracking.find_or_create_run(exp_id, name, key, parent_id, tags)
-        for k, v in (set_tags or {}).items():
+        exp_id = tracking.setup(spec.experiment, spec.out_dir)
+        run_id = tracking.find_or_create_run(exp_id, spec.name, spec.key, spec.parent_id, spec.tags or None)
+        for k, v in spec.set_tags.items():
             tracking.client().set_tag(run_id, k, str(v))
-        if params:
-            tracking.log_params(run_id, params)
-    if link_key:
+        if spec.params:
+            tracking.log_params(run_id, spec.params)
+    if spec.link_key:
         with costs.prefect():
-            create_link_artifact(tracking.ui_url(exp_id, run_id), link_text=f"MLflow: {name}", key=link_key)
+            create_link_artifact(tracking.ui_url(exp_id, run_id), link_text=f"MLflow: {spec.name}",
+                                 key=spec.link_key)
     return exp_id, run_id
 
 
@@ -80,7 +94,7 @@ def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
 
 
 @task(name="log-step", cache_policy=None)
-def log_step(rows: list[dict], global_step0: int, stage: str, run_id: str, parent_run_id: str,
+def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str],
              since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
     """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse
     alert (rstar2/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
@@ -90,6 +104,7 @@ def log_step(rows: list[dict], global_step0: int, stage: str, run_id: str, paren
     each time, so a resumed run sets the same ones). Campaign run: the headline figures.
     The step's window runs from `since` (costs.mark()) to just before the stage run's write, which therefore counts
     in the next step's; returns the step's cost figures and that mark. Orchestration itself: no work."""
+    run_id, parent_run_id = runs  # the stage's MLflow run and the campaign's (or the seed's)
     row, step = rows[-1], global_step0 + rows[-1]["step"]
     fired = health.collapse_alert(rows)
     print(f"[{stage}] {health.health_line(row, step)}", flush=True)

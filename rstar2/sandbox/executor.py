@@ -27,7 +27,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
-_CHECKOUT = Path(__file__).resolve().parents[2]
+_CHECKOUT = Path(__file__).resolve().parent.parent.parent  # the folder holding the rstar2 package
 PROJECT_ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").exists() else None  # a source checkout: hidden
 STDLIB_PRELOAD = ("math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "re",
                   "json", "random", "statistics", "heapq", "bisect", "string", "datetime", "operator")

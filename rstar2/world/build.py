@@ -131,10 +131,3 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
         record[split] = done[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
         write_atomic(record_path, json.dumps(record, indent=1))
     return done
-
-
-def eval_split(uris: dict[str, str], split: str) -> str:
-    """The Parquet URI evaluation runs on; one clear error when the world lacks that split."""
-    if split not in uris:
-        raise ValueError(f"eval.split={split!r}, but this world has no {split} split (real assets: set world.{split}_data)")
-    return uris[split]

@@ -71,9 +71,10 @@ def test_analyze_entropy_compares_the_start_of_rl_with_its_end(tmp_path, monkeyp
 
 def test_a_run_without_rollouts_or_config_is_refused_with_one_clear_error(tmp_path, monkeypatch):
     from flows.analyze_entropy import EntropyParams, last_rollouts, run_paths
+    from rstar2.layout import RunLayout
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="no config.json"):
         run_paths(EntropyParams(run_name="nothing"))
     with pytest.raises(ValueError, match="no RL step's rollouts"):
-        last_rollouts(config.load("tiny"), tmp_path)
+        last_rollouts(config.load("tiny"), RunLayout.at(tmp_path))

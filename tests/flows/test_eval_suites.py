@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from rstar2 import config, runstate
+from rstar2.layout import RunLayout
 from rstar2.data import clean
 from rstar2.reward import extract_answer
 from rstar2.world import build
@@ -46,7 +47,7 @@ def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
     run = tmp_path / "runs" / "ev"
     assert set(res["suites"]) == {"aime", "math500"} and res["pass1"] == res["suites"]["aime"]["pass1"]
     assert not (run / "world").exists()  # a model on suites needs no world
-    assert runstate.evaluated(run, model, "test")  # a triggered evaluation finds it done
+    assert runstate.evaluated(RunLayout.at(run), model, "test")  # a triggered evaluation finds it done
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rstar2-tiny").experiment_id
     mlrun = client.search_runs([exp], f"tags.`rstar2.key` = '{run}'")[0]

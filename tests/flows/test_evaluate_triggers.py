@@ -13,17 +13,18 @@ from prefect.states import Completed, Running
 
 from flows.evaluate import EvalParams, campaign_running, evaluate
 from rstar2 import checkpoint, config, runstate
+from rstar2.layout import RunLayout
 
 
 @pytest.fixture()
 def run(tmp_path) -> Path:
     """A campaign's run directory: its config.json and two committed checkpoints of stage1."""
     cfg = config.load("tiny", [f"out_dir={tmp_path}"])
-    d = runstate.run_dir(cfg, "r")
+    d = runstate.layout(cfg, "r").top
     d.mkdir(parents=True)
     (d / "config.json").write_text(cfg.model_dump_json())
     for step in (1, 2):
-        checkpoint.commit(runstate.stage_ckpts(d, cfg.stages[0]) / f"step-{step}",
+        checkpoint.commit(RunLayout.at(d).checkpoints(cfg.stages[0].name) / f"step-{step}",
                           lambda tmp: (tmp / "w").write_text("x"), {"global_step": step})
     return d
 
@@ -37,11 +38,11 @@ def _evaluated(run: Path, step: int) -> None:
 
 def test_newest_and_evaluated_are_read_from_the_run_directory(run):
     cfg = config.load(str(run / "config.json"))
-    assert runstate.newest_checkpoint(run, cfg) == run / "checkpoints" / "stage1" / "step-2"
-    assert not runstate.evaluated(run, run / "checkpoints" / "stage1" / "step-2", "test")
+    assert runstate.newest_checkpoint(RunLayout.at(run), cfg) == run / "checkpoints" / "stage1" / "step-2"
+    assert not runstate.evaluated(RunLayout.at(run), run / "checkpoints" / "stage1" / "step-2", "test")
     _evaluated(run, 2)
-    assert runstate.evaluated(run, run / "checkpoints" / "stage1" / "step-2", "test")
-    assert not runstate.evaluated(run, run / "checkpoints" / "stage1" / "step-2", "val")
+    assert runstate.evaluated(RunLayout.at(run), run / "checkpoints" / "stage1" / "step-2", "test")
+    assert not runstate.evaluated(RunLayout.at(run), run / "checkpoints" / "stage1" / "step-2", "val")
 
 
 def test_an_older_checkpoint_trigger_skips_once_the_newest_is_evaluated(run):
@@ -67,8 +68,8 @@ def test_a_running_campaign_is_left_alone_unless_the_preset_allows(run):
     params = {"params": {"preset": str(run / "config.json"), "run_name": "r"}}
     with get_client(sync_client=True) as client:
         fr = client.create_flow_run(_campaign_stand_in, parameters=params, state=Running())
-        assert runstate.run_dir(cfg, "r") == run and campaign_running(run)
+        assert runstate.layout(cfg, "r").top == run and campaign_running(RunLayout.at(run))
         out = evaluate(EvalParams(run_dir=str(run), trigger="checkpoint"))
         assert "still running" in out["skipped"]
         client.set_flow_run_state(fr.id, Completed(), force=True)
-    assert not campaign_running(run)
+    assert not campaign_running(RunLayout.at(run))

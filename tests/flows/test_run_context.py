@@ -1,7 +1,7 @@
 """tasks.run.run_context, the preamble every engine-driving flow enters, in a real flow (Prefect test harness, MLflow
-on SQLite): it opens the run's MLflow run, hands over the world and a Controller, and on the way out stops the
-Controller and, for the run's own flow, ends the MLflow run FINISHED or FAILED. The world is a stand-in task here
-(tests/flows/test_campaign_e2e.py builds the real one)."""
+on SQLite): it opens the run's MLflow run, hands over the run reference (world, MLflow ids, the Controller's id), and
+on the way out stops the Controller and, for the run's own flow, ends the MLflow run FINISHED or FAILED. The world is
+a stand-in task here (tests/flows/test_campaign_e2e.py builds the real one)."""
 
 from pathlib import Path
 
@@ -11,12 +11,13 @@ from prefect import flow, task
 
 from rstar2 import config
 from rstar2.controller import Controller
+from rstar2.layout import RunLayout, WorldPaths
 from tasks import run as run_mod
 
 
 @task(name="build-world")
 def _world(cfg, out_dir: str) -> dict:
-    return {"train": str(Path(out_dir) / "train.parquet")}
+    return {k: str(Path(out_dir) / k) for k in ("sft_problems", "train", "sft_data", "init_model")}
 
 
 class Recording(Controller):
@@ -47,13 +48,17 @@ def test_the_run_s_own_flow_ends_its_mlflow_run_and_stops_the_controller(cfg):
 
     @flow
     def campaign_like():
-        with run_mod.run_context(cfg, run, "ok", {"kind": "campaign"}, owns_run=True, set_tags={"seeds": 1}) as ctx:
-            seen.append(ctx)
+        with run_mod.run_context(cfg, RunLayout.at(run), "ok", {"kind": "campaign"}, owns_run=True,
+                                 set_tags={"seeds": 1}) as ref:
+            seen.append(run_mod.controller(ref))
             assert _status(cfg, run) == "RUNNING"
-        return ctx.world
+        return ref
 
-    assert campaign_like() == {"train": str(run / "world" / "train.parquet")}
-    assert _status(cfg, run) == "FINISHED" and Recording.stopped == ["ok"] and seen[0].ctl.run_id == "ok"
+    ref = campaign_like()
+    assert ref.world == WorldPaths(**_world.fn(cfg, str(run / "world"))) and ref.layout.top == run
+    assert _status(cfg, run) == "FINISHED" and Recording.stopped == ["ok"] and seen[0].run_id == "ok"
+    with pytest.raises(RuntimeError, match="no open run with controller 'ok'"):
+        run_mod.controller(ref)  # stopped and gone with its flow
 
 
 def test_a_failing_flow_marks_its_run_failed_and_a_visitor_leaves_the_status_alone(cfg):
@@ -61,7 +66,7 @@ def test_a_failing_flow_marks_its_run_failed_and_a_visitor_leaves_the_status_alo
 
     @flow
     def failing(owns: bool):
-        with run_mod.run_context(cfg, run, "bad", {"kind": "campaign"}, owns_run=owns):
+        with run_mod.run_context(cfg, RunLayout.at(run), "bad", {"kind": "campaign"}, owns_run=owns):
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):

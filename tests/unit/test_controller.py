@@ -131,7 +131,7 @@ def test_start_names_the_actors_by_run_and_takes_over_live_ones(fake_ray):
     ctl = Controller("run")
     ctl.start(_cfg(), "/m/sft")
     assert fake_ray.spawned == ["run-engine-0", "run-engine-1", "run-trainer"]
-    assert dict(ctl) == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"], "trainer": "run-trainer"}
+    assert ctl.identity() == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"], "trainer": "run-trainer"}
     assert ctl.loaded == "/m/sft" and ctl.estimator is not None
     clients, caps = ctl.engine_clients(1.0, 1.0)
     assert caps == [4096, 4096] and [c.block_size for c in clients] == [16, 16]
@@ -140,7 +140,7 @@ def test_start_names_the_actors_by_run_and_takes_over_live_ones(fake_ray):
     assert fake_ray.spawned == ["run-engine-0", "run-engine-1", "run-trainer"]
     evaluator = Controller("run-eval")
     evaluator.start(_cfg(), "/m/sft", with_trainer=False)
-    assert dict(evaluator)["trainer"] is None and fake_ray.spawned[-1] == "run-eval-engine-1"
+    assert evaluator.identity()["trainer"] is None and fake_ray.spawned[-1] == "run-eval-engine-1"
 
 
 def test_sync_weights_reaches_every_engine_once_per_model(fake_ray):
@@ -193,7 +193,7 @@ def test_stop_releases_every_actor(fake_ray):
     ctl = Controller("run")
     ctl.start(_cfg(), "/m/sft")
     ctl.stop()
-    assert fake_ray.named == {} and dict(ctl) == {"run_id": "run", "engines": [], "trainer": None}
+    assert fake_ray.named == {} and ctl.identity() == {"run_id": "run", "engines": [], "trainer": None}
     ctl.stop()  # twice is fine (a flow's finally after a failed start)
 
 

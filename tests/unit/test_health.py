@@ -131,7 +131,7 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     h = rows(COLLAPSE)
     since = costs.mark()
     for i in range(9):
-        cost, since = log_step.fn(h[:i + 1], 100, "s1", run_id, campaign, since)
+        cost, since = log_step.fn(h[:i + 1], 100, "s1", (run_id, campaign), since)
         assert 0.0 <= cost["orchestration_overhead_frac"] <= 1.0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
@@ -142,7 +142,7 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     tags = {"alert.collapse": "step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); tool_error_rate 0.14 -> 0.40 "
                               "(noise 0.02)", "alert.collapse_step": "109"}
     tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 9's commit, before tagging
-    log_step.fn(h[:10], 100, "s1", run_id, campaign, since)
+    log_step.fn(h[:10], 100, "s1", (run_id, campaign), since)
     assert capsys.readouterr().out.splitlines()[-1] == (
         "[s1] ALERT collapse at step 110: format_violation_rate 0.18 -> 0.51 (noise 0.03); "
         "tool_error_rate 0.14 -> 0.69 (noise 0.02)")

@@ -4,17 +4,19 @@ generated one, or world.base_model), never a `<run>/sft` that SFT-off runs do no
 from pathlib import Path
 
 from rstar2 import config, runstate
+from rstar2.layout import RunLayout
 
 
 def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp_path):
     run = tmp_path / "runs" / "r"
-    assert runstate.sft_model(run, config.load("tiny")) == str(run / "sft")
+    layout = RunLayout.at(run)
+    assert runstate.sft_model(layout, config.load("tiny")) == str(run / "sft")
     off = config.load("tiny", ["sft.enabled=false"])
-    assert runstate.sft_model(run, off) == str(run / "world" / "init_model")
+    assert runstate.sft_model(layout, off) == str(run / "world" / "init_model")
     base = config.load("tiny", ["sft.enabled=false", "world.base_model=/models/qwen"])
-    assert runstate.sft_model(run, base) == "/models/qwen"
+    assert runstate.sft_model(layout, base) == "/models/qwen"
     # before any RL checkpoint the run resumes from it (the trainer and engines load it)
-    assert runstate.resume_point(run, off, runstate.sft_model(run, off)) == (str(Path(run) / "world" / "init_model"),
+    assert runstate.resume_point(layout, off, runstate.sft_model(layout, off)) == (str(Path(run) / "world" / "init_model"),
                                                                             False)
 
 
@@ -26,6 +28,6 @@ def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(t
                   "step-0001"):
         model.mkdir(parents=True)
         (model / "config.json").write_text("{}")  # the model's own (Hugging Face) config is not the run's
-        assert runstate.config_of(model) == run / "config.json"
+        assert RunLayout.config_of(model) == run / "config.json"
     (tmp_path / "hf").mkdir()
-    assert runstate.config_of(tmp_path / "hf") is None
+    assert RunLayout.config_of(tmp_path / "hf") is None

@@ -32,7 +32,7 @@ def test_roc_filter_keeps_everything_when_roc_and_the_drop_are_off(scored, tmp_p
 
 
 def test_sandbox_stats_counts_truncated_output_as_ok(scored):
-    res = steps.sandbox_stats(str(scored))
+    res = steps.sandbox_stats(str(scored), {})
     assert res["tool_calls"] == 9 and res["tool_error_rate"] == pytest.approx(2 / 9)
 
 
