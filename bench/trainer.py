@@ -66,8 +66,7 @@ def _mem_reset(spec: dict) -> float:
     memory held now: the base that the update's own memory is measured from."""
     import torch
 
-    from rstar2 import device
-
+    from rstar2.training import device
     d = torch.device(spec["device"])
     device.reset_peak_memory(d)
     return device.peak_memory_mb(d)
@@ -76,7 +75,7 @@ def _mem_reset(spec: dict) -> float:
 def _peak(spec: dict) -> float:
     import torch
 
-    from rstar2 import device
+    from rstar2.training import device
     return device.peak_memory_mb(torch.device(spec["device"]))
 
 
@@ -87,8 +86,8 @@ def _enough(steps: list[dict], spec: dict) -> bool:
 
 
 def worker_ours(spec: dict) -> list[dict]:
-    from rstar2.config import TrainerCfg
-    from rstar2.trainer import PolicyTrainer
+    from rstar2.run.config import TrainerCfg
+    from rstar2.training.trainer import PolicyTrainer
 
     cfg = TrainerCfg(lr=spec["lr"], warmup_steps=1, dtype=spec["dtype"], layout=spec["layout"],
                      micro_batch_tokens=spec["micro_batch_tokens"], device=spec["device"])

@@ -74,10 +74,8 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
 
 def _check_preset(preset: str, overrides: list[str]) -> None:
     """Fail fast, with one clear message, before anything starts."""
-    from rstar2 import config
-
-    from rstar2 import plan
-
+    from rstar2.run import config
+    from rstar2.run import plan
     try:
         plan.require_fit(config.load(preset, overrides))
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
@@ -94,8 +92,7 @@ def plan_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path")
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Whether a preset fits its hardware: per-device memory of trainer ranks and engines, and a verdict. Exit code 1
     when it does not fit (a campaign refuses such a run before any actor starts)."""
-    from rstar2 import config, plan
-
+    from rstar2.run import config, plan
     try:
         res = plan.plan(config.load(preset, set_), gpus, gpu_mem)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
@@ -119,8 +116,7 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
     each of eval.suites, the SFT transcripts, the plan's verdict and the sandbox. Exit code 1 when the run cannot
     start; dropped prompts are warnings."""
     env.apply()
-    from rstar2 import config, preflight, runstate
-
+    from rstar2.run import config, preflight, runstate
     try:
         cfg = config.load(preset, set_)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
@@ -151,8 +147,7 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
     """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
     _check_preset(preset, set_)
-    from rstar2 import ablations
-
+    from rstar2.run import ablations
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     try:
         [ablations.overrides(v) for v in chosen]
@@ -218,8 +213,9 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
     """Run one trajectory of a model on a problem and print it turn by turn: reasoning, code, tool output, the final
     answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
     env.apply()
-    from rstar2 import config, solve
-    from rstar2.layout import RunLayout
+    from rstar2.evaluation import solve
+    from rstar2.run import config
+    from rstar2.run.layout import RunLayout
 
     _check_model_dir(checkpoint)
     if preset is None:
@@ -234,8 +230,7 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
 
 
 def _check_model_dir(path: Path) -> None:
-    from rstar2 import export
-
+    from rstar2.evaluation import export
     try:
         export.model_dir(path)
     except ValueError as e:
@@ -247,8 +242,7 @@ def export_cmd(checkpoint: Path = typer.Option(..., help="a run's checkpoint or 
                out: Path = typer.Option(..., help="the directory to write (new, or empty)")):
     """Write a model as a plain Hugging Face model directory (weights, config, generation config, tokenizer with its
     chat template; no optimizer or trainer state) that `vllm serve` and transformers load."""
-    from rstar2 import export
-
+    from rstar2.evaluation import export
     try:
         path = export.export(checkpoint, out)
     except (ValueError, FileExistsError) as e:
@@ -267,8 +261,9 @@ def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat t
     """Non-reasoning SFT of any chat model: its own template renders the transcripts, loss on assistant tokens."""
     env.apply()
     _check_preset(preset, set_)
-    from rstar2 import checkpoint, config, sft as sft_lib
-    from rstar2.progress import bar
+    from rstar2.run import checkpoint, config
+    from rstar2.training import sft as sft_lib
+    from rstar2.run.progress import bar
 
     cfg, res = config.load(preset, set_), {}
 
@@ -307,8 +302,7 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
 @app.command()
 def presets():
     """List the available presets."""
-    from rstar2 import config
-
+    from rstar2.run import config
     for name in config.list_presets():
         console.print(name)
 
@@ -316,8 +310,7 @@ def presets():
 @app.command("config")
 def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set")):
     """Print the resolved config of a preset (with overrides)."""
-    from rstar2 import config
-
+    from rstar2.run import config
     try:
         console.print_json(config.load(preset, set_).model_dump_json())
     except Exception as e:  # noqa: BLE001
@@ -393,7 +386,7 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     """Import a problem set (verl's or DAPO-Math-17k's chat-prompt layout, GSM8K, problem/solution, problem/answer,
     GPQA) into the problem schema: instruction sentences stripped, normalised, filtered, deduplicated, decontaminated;
     a report of what was dropped and why; logged to MLflow. No row left: the report, one line why, exit 1."""
-    from rstar2 import config
+    from rstar2.run import config
     from rstar2.data import FORMATS, importer, suites
 
     if fmt not in ("auto", *FORMATS) or split not in ("rl", "eval"):
@@ -463,7 +456,7 @@ def bench_rollout(engines: int = typer.Option(64, help="engines (paper: 64)"),
                                                                 "each (default: the run's, and 1/16 of it: tight)"),
                   preset: str = typer.Option("tiny", help="real run: config when <run-dir>/config.json is absent"),
                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
-    """Rollout scheduling policies in simulation (bench/rollout_sim.py, driven by rstar2/scheduler.py): makespan
+    """Rollout scheduling policies in simulation (bench/rollout_sim.py, driven by rstar2/rollout/scheduler.py): makespan
     per policy vs the clairvoyant oracle, the naive work bound, GPU idle, KV recompute, per scenario; with --real,
     the same policies on live vLLM engines, and the agent loop's tokens/s vs raw vLLM generate."""
     out: dict = {}
@@ -480,8 +473,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     import os
 
     from bench import rollout_real
-    from rstar2 import config
-
+    from rstar2.run import config
     saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
     cfg = config.RunCfg.model_validate_json(saved.read_text()) if saved.exists() else config.load(preset)
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"num_engines": engines})})
@@ -503,7 +495,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
                        icc: Optional[float], workers: int, policies: list[str], extend: Optional[Path]) -> dict:
     import glob
 
-    from rstar2.config import SchedulerCfg
+    from rstar2.run.config import SchedulerCfg
     from bench.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
 
     unknown = set(policies) - set(BENCH_POLICIES)

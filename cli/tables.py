@@ -93,7 +93,7 @@ def check_table(res: dict, preset: str) -> Table:
 
 def ablation_conclusions(res: dict) -> list[str]:
     """One line per variant on the tool-error rate among positives against the first variant, from the paired
-    ratio over seeds (rstar2.stats.paired_log_ratio): higher, lower, or not beyond the seeds' noise."""
+    ratio over seeds (rstar2.evaluation.stats.paired_log_ratio): higher, lower, or not beyond the seeds' noise."""
     lines = []
     for v, figs in res["last_steps"]["vs_baseline"].items():
         c = figs.get("tool_error_rate_pos", {})
@@ -108,7 +108,7 @@ def ablation_conclusions(res: dict) -> list[str]:
 def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
     """Per variant: held-out pass@1 after RL and the gain, mean [min, max] (95 % interval) over its seeds; then each
     variant minus the first with its Welch interval and whether it is beyond the seeds' noise."""
-    from rstar2.report import last_steps_rows
+    from rstar2.evaluation.report import last_steps_rows
 
     iv = lambda ci, f="+.3f": "-" if ci is None else f"({ci[0]:{f}}, {ci[1]:{f}})"  # noqa: E731
     table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {res['seeds']} RL seed(s) "

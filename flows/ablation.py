@@ -6,7 +6,7 @@ With `seeds` N > 1 every variant runs N RL seeds from the shared SFT model; the 
 min, max and 95 % interval over its seeds (held-out pass@1, and the training figures at the end of RL: tool-error
 rate among positives, response length, ... averaged over the last `last_steps` steps), and each variant against the
 first (the baseline): the difference with its Welch interval and whether it is beyond the seeds' noise
-(rstar2.report.ablation_summary, last_steps_summary). Curves: the seeds' mean with a min-max band."""
+(rstar2.evaluation.report.ablation_summary, last_steps_summary). Curves: the seeds' mean with a min-max band."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field
 
-from rstar2 import ablations, config, report, runstate
-from rstar2.layout import RunLayout
+from rstar2.evaluation import report
+
+from rstar2.run import ablations, config, runstate
+from rstar2.run.layout import RunLayout
 from flows.campaign import CampaignParams, campaign
 from tasks import track
 from tasks.reports import ablation_report
 
 
 class AblationParams(BaseModel):
-    """The run form: the variants to compare (see rstar2/ablations.py) on a preset."""
+    """The run form: the variants to compare (see rstar2/run/ablations.py) on a preset."""
     preset: str = "tiny-recovery"  # the tiny world where the policy recovers from tool errors: RoC has them to act on
     variants: list[str] = ["roc", "plain-grpo"]
     overrides: list[str] = []

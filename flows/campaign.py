@@ -5,7 +5,7 @@ With `seeds` N > 1 the RL part runs N times from the one world, SFT model and SF
 rl_seed+1, ...: rollout sampling, data order, RoC draws, the trainer's seed), each with its own fresh trainer, stages
 and final evaluation on the same split, in `seed-<rl_seed>/` of the run directory; MLflow: campaign run -> one seed
 run per seed (tag rl_seed) -> its stage runs. The summary gives the mean over seeds, each seed's figures, and the
-gain's min, max and 95 % interval over seeds (rstar2.report.seed_aggregate).
+gain's min, max and 95 % interval over seeds (rstar2.evaluation.report.seed_aggregate).
 
 Retrying a failed or killed campaign run (Prefect UI: Retry, or the same command again) resumes from what was
 committed: the world, the SFT model, finished evaluations, finished stages, and inside a stage its last checkpoint,
@@ -23,9 +23,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from rstar2 import checkpoint, config, plan, report, runstate
-from rstar2.config import RunCfg
-from rstar2.layout import RunRef
+from rstar2.evaluation import report
+
+from rstar2.run import checkpoint, config, plan, runstate
+from rstar2.run.config import RunCfg
+from rstar2.run.layout import RunRef
 from flows.evaluate import evaluate_checkpoint
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage

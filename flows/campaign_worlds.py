@@ -1,6 +1,6 @@
 """Campaigns over world seeds: the campaign (flows/campaign.py) once per world seed (cfg.seed, cfg.seed+1, ...), each
 world with its own problems, SFT data, initial model and so its own SFT model, each with the same N RL seeds; the
-gains of all K x N runs with their min, mean and intervals (rstar2.report.world_aggregate).
+gains of all K x N runs with their min, mean and intervals (rstar2.evaluation.report.world_aggregate).
 
 Why: the SFT model is a draw. Floats differ with the CPU's instruction set, so on another host the same command makes
 another SFT model and another RL run; one world's figures are one draw of what users see, K worlds show the spread.
@@ -17,7 +17,9 @@ import time
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from rstar2 import config, report, runstate
+from rstar2.evaluation import report
+
+from rstar2.run import config, runstate
 from flows.campaign import CampaignParams, campaign
 from tasks import track
 

@@ -8,9 +8,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
-from rstar2 import config, runstate
-from rstar2.config import RunCfg
-from rstar2.layout import RunRef
+from rstar2.run import config, runstate
+from rstar2.run.config import RunCfg
+from rstar2.run.layout import RunRef
 from tasks import rl, track
 from tasks.run import run_context
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2.config import RunCfg, StageCfg
-from rstar2.layout import RunRef
+from rstar2.run.config import RunCfg, StageCfg
+from rstar2.run.layout import RunRef
 from flows.evaluate import evaluate_loaded
 from tasks import rl
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2 import runstate
-from rstar2.config import RunCfg
-from rstar2.layout import RunRef
+from rstar2.run import runstate
+from rstar2.run.config import RunCfg
+from rstar2.run.layout import RunRef
 from flows.mine_hard import mine_hard_set
 from tasks import rl, track
 

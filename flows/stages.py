@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2 import checkpoint, config, runstate
+from rstar2.run import checkpoint, config, runstate
 from flows.stage_transition import stage_transition
 from flows.train_stage import train_stage
 from tasks import rl

@@ -1,4 +1,4 @@
-"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent (rstar2/transition.py),
+"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent (rstar2/training/transition.py),
 resuming after the stage's last committed checkpoint, then commits the stage's end record with its decision."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.settings import temporary_settings
 
-from rstar2 import checkpoint, runstate, transition
-from rstar2.config import RunCfg, StageCfg
-from rstar2.layout import RunRef
+from rstar2.run import checkpoint, runstate
+
+from rstar2.training import transition
+from rstar2.run.config import RunCfg, StageCfg
+from rstar2.run.layout import RunRef
 from flows.rl_step import StepAt, rl_step
 from flows.stage_transition import StageStart
 from tasks import costs, track

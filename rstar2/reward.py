@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 
 from rstar2.sandbox import OK, ExecRequest
-from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN
+from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN
 
 log = logging.getLogger(__name__)
 _BOXED = "\\boxed{"

@@ -1,4 +1,4 @@
-"""The entropy analysis (rstar2/entropy.py) as tasks: one checkpoint's figures on a run's sampled trajectories, and
+"""The entropy analysis (rstar2/evaluation/entropy.py) as tasks: one checkpoint's figures on a run's sampled trajectories, and
 their report in MLflow (metrics, the figures as JSON, the plots) and as a Prefect markdown artifact."""
 
 from __future__ import annotations
@@ -8,9 +8,13 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
-from rstar2 import device as dev, entropy, tracking
-from rstar2.chat import load_tokenizer
-from rstar2.trainer import load_model
+from rstar2.evaluation import entropy
+
+from rstar2.run import tracking
+
+from rstar2.training import device as dev
+from rstar2.rollout.chat import load_tokenizer
+from rstar2.training.trainer import load_model
 from tasks import costs
 
 
@@ -27,7 +31,7 @@ class EntropySettings(BaseModel):
 @task(name="token-entropy", cache_policy=None)
 @costs.work
 def token_entropy(model_dir: str, trajectories_uri: str, how: EntropySettings, device: str = "auto") -> dict:
-    """rstar2.entropy.analyze of `model_dir` on `how.samples` trajectories of the table (drawn with `how.seed`, so
+    """rstar2.evaluation.entropy.analyze of `model_dir` on `how.samples` trajectories of the table (drawn with `how.seed`, so
     every checkpoint sees the same ones)."""
     df = pl.read_parquet(trajectories_uri)
     rows = df.sample(n=min(how.samples, df.height), seed=how.seed).to_dicts()

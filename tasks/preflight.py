@@ -1,4 +1,4 @@
-"""The campaign's first task: the preflight (rstar2/preflight.py), its rows logged and kept as a Prefect artifact; a
+"""The campaign's first task: the preflight (rstar2/run/preflight.py), its rows logged and kept as a Prefect artifact; a
 run that cannot start stops here, before SFT, Ray or any actor."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from rstar2 import preflight as checks
-from rstar2.config import RunCfg
-from rstar2.layout import RunLayout
+from rstar2.run import preflight as checks
+from rstar2.run.config import RunCfg
+from rstar2.run.layout import RunLayout
 from tasks import costs
 
 

@@ -1,12 +1,14 @@
 """The closing reports of a campaign and of an ablation in MLflow: figures as metrics, the summary as JSON, the
-curves as PNGs (rstar2/report.py draws them from the runs' metric histories)."""
+curves as PNGs (rstar2/evaluation/report.py draws them from the runs' metric histories)."""
 
 from __future__ import annotations
 
 from prefect import task
 
-from rstar2 import report, tracking
-from rstar2.layout import RunRef
+from rstar2.evaluation import report
+
+from rstar2.run import tracking
+from rstar2.run.layout import RunRef
 from tasks import costs
 
 
@@ -43,7 +45,7 @@ def ablation_report(tracked: tuple[str, str], plots_dir: str, results: dict[str,
                     last_steps: int = 3) -> dict:
     """`tracked`: the report's MLflow (experiment id, run id). Each variant's curves over its seeds (their mean with a
     min-max band) as PNGs in `plots_dir`, the figures of
-    rstar2.report.ablation_summary and of report.last_steps_summary (the training figures over the last
+    rstar2.evaluation.report.ablation_summary and of report.last_steps_summary (the training figures over the last
     `last_steps` steps) as metrics and, with the per-step means, as ablation.json. Returns
     {**figures, "last_steps": ..., "per_step": rows}."""
     experiment_id, run_id = tracked

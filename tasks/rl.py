@@ -1,5 +1,5 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate. Each takes the
-run's reference (rstar2.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
+run's reference (rstar2.run.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
 the run's Controller from the reference (tasks.run.controller)."""
 
 import json
@@ -11,11 +11,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from pydantic import BaseModel
 
-from rstar2 import checkpoint as ckpt
-from rstar2 import mining, report, steps, tracking
-from rstar2.config import RunCfg, SandboxCfg, StageCfg
-from rstar2.layout import RunLayout, RunRef
-from rstar2.progress import bar
+from rstar2.run import checkpoint as ckpt
+from rstar2.evaluation import report
+from rstar2.run import steps, tracking
+from rstar2.training import mining
+from rstar2.run.config import RunCfg, SandboxCfg, StageCfg
+from rstar2.run.layout import RunLayout, RunRef
+from rstar2.run.progress import bar
 from tasks import costs
 from tasks.run import controller
 
@@ -74,7 +76,7 @@ def restart_trainer(run: RunRef, cfg: RunCfg, model_dir: str) -> dict:
 @costs.work
 def rollout(run: RunRef, cfg: RunCfg, stage: StageCfg, step: int, problems_uri: str) -> dict:
     """Step `step` of `stage`: its prompts from `problems_uri`, each sampled G times (2G with RoC's oversampling),
-    through the scheduler (rstar2.scheduler) into the step's rollout table: {"uri": the table, "sandbox": the
+    through the scheduler (rstar2.rollout.scheduler) into the step's rollout table: {"uri": the table, "sandbox": the
     service's figures over the rollout, scheduling metrics}. With trainer.engine_logprobs the engines record the
     log-prob of every sampled token (for trainer.old_logprobs=engine / tis_cap)."""
     ctl, limits = controller(run), cfg.rollout_for(stage)
@@ -142,8 +144,8 @@ def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last:
         model_id = tracking.checkpoint_model(run.experiment_id, run.mlflow_run_id, path,
                                              {k: v for k, v in meta.items() if k != "metrics"})
     with costs.prefect():
-        emit_event("rstar2.checkpoint.committed",
-                   resource={"prefect.resource.id": f"rstar2.checkpoint.{meta.get('run', '')}."
+        emit_event("rstar2.run.checkpoint.committed",
+                   resource={"prefect.resource.id": f"rstar2.run.checkpoint.{meta.get('run', '')}."
                                                     f"{RunLayout.label(path, '.')}", "rstar2.path": path,
                              "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
                              "rstar2.run_dir": str(RunLayout.of_checkpoint(path).root)},

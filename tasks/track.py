@@ -1,5 +1,5 @@
 """MLflow writes as tasks, so each is a node of its flow's graph (retried, timed and logged like the rest). Runs are
-addressed by id (rstar2.tracking); a retried flow finds its runs again by key and keeps logging into them."""
+addressed by id (rstar2.run.tracking); a retried flow finds its runs again by key and keeps logging into them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from prefect import task
 from prefect.artifacts import create_link_artifact
 from pydantic import BaseModel
 
-from rstar2 import health, tracking
+from rstar2.evaluation import health
+
+from rstar2.run import tracking
 from tasks import costs
 
 
@@ -97,7 +99,7 @@ def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
 def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str],
              since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
     """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse
-    alert (rstar2/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
+    alert (rstar2/evaluation/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
     committed checkpoints on a resumed run). Stage run: the step's metrics (evaluation figures are logged with their
     checkpoint), collapse_alert 0/1, what orchestration cost the step (tasks/costs.py) and, once the alert fired, the
     tags alert.collapse / alert.collapse_step naming the first step that fired (recomputed from the whole history

@@ -4,8 +4,8 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from rstar2 import sft
-from rstar2.config import RunCfg
+from rstar2.training import sft
+from rstar2.run.config import RunCfg
 from rstar2.world import build
 from tasks import costs
 
@@ -27,8 +27,8 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
 @costs.work
 def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
     """Non-reasoning SFT; returns the SFT model dir (committed only when training finished)."""
-    from rstar2 import checkpoint
-    from rstar2.progress import bar
+    from rstar2.run import checkpoint
+    from rstar2.run.progress import bar
 
     if checkpoint.is_committed(Path(out_dir)):
         return out_dir  # a retried campaign does not redo a finished SFT
@@ -46,7 +46,7 @@ def prepare_suites(cfg: RunCfg, out_dir: str, fit: str | None = None) -> dict[st
     """Each of eval.suites read from its file (rstar2/data/suites.py) and written in the problem schema as
     `<out_dir>/<name>.parquet`, again each time (an edited suite file is picked up), less the problems the
     preflight's record `fit` dropped (the world's "fit"); suite name -> that table."""
-    from rstar2 import preflight
+    from rstar2.run import preflight
     from rstar2.data import suites
 
     out = Path(out_dir)

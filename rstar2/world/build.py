@@ -9,16 +9,16 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.checkpoint import commit, is_committed, write_atomic
-from rstar2 import transcripts
-from rstar2.chat import ChatFormat
-from rstar2.config import RunCfg
+from rstar2.run.checkpoint import commit, is_committed, write_atomic
+from rstar2.training import transcripts
+from rstar2.rollout.chat import ChatFormat
+from rstar2.run.config import RunCfg
 from rstar2.data import clean, formats, schema
 from rstar2.world import model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")
 SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
-FIT = "fit.json"  # the preflight's record (rstar2/preflight.py): the context and the prompt ids it dropped
+FIT = "fit.json"  # the preflight's record (rstar2/run/preflight.py): the context and the prompt ids it dropped
 
 
 def _source(cfg: RunCfg, split: str) -> str | None:

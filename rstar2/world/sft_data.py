@@ -7,7 +7,7 @@ the sandbox never sends, and the model SFT'd on it does not recover in RL) and `
 with the very failure reply the sandbox sends for it, traceback included; the reflection names the mistake and the
 next call fixes it: the recovery that the `tiny-recovery` preset's RL acts on). Each transcript is a conversation in
 the common messages layout (system, user, assistant with `tool_calls`, tool), rendered for SFT with the world's chat
-template like any model's (rstar2.chat, rstar2.sft).
+template like any model's (rstar2.rollout.chat, rstar2.training.sft).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import traceback
 
 import polars as pl
 
-from rstar2.chat import prompt_messages, tool_call
+from rstar2.rollout.chat import prompt_messages, tool_call
 from rstar2.sandbox import ExecResult
 from rstar2.sandbox.zygote import CODE_NAME
-from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE
-from rstar2.tool_parser import format_tool_response
+from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE
+from rstar2.rollout.tool_parser import format_tool_response
 
 MODES = ("clean", "buggy_fix", "recover", "no_tool", "format_slip")
 TYPO = "prnt"  # the recover mode's mistake: a typo'd print, which the NameError's last line names

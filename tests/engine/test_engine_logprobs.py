@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2 import config
-from rstar2.agent_loop import AgentLoop, EngineSet
-from rstar2.config import SchedulerCfg, TrainerCfg
-from rstar2.engine import EngineSpec, VLLMEngine
-from rstar2.rollout import RolloutLimits, to_rows
-from rstar2.steps import ToolDisabled
-from rstar2.trainer import PolicyTrainer, _Batch
+from rstar2.run import config
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.run.config import SchedulerCfg, TrainerCfg
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
+from rstar2.rollout.trajectory import RolloutLimits, to_rows
+from rstar2.run.steps import ToolDisabled
+from rstar2.training.trainer import PolicyTrainer, _Batch
 from rstar2.world import build
-from rstar2.chat import ChatFormat, load_tokenizer as load
+from rstar2.rollout.chat import ChatFormat, load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 

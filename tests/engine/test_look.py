@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rstar2 import config, export
-from rstar2.config import TrainerCfg
-from rstar2.engine import EngineSpec, VLLMEngine
-from rstar2.trainer import PolicyTrainer
+from rstar2.evaluation import export
+
+from rstar2.run import config
+from rstar2.run.config import TrainerCfg
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
+from rstar2.training.trainer import PolicyTrainer
 from rstar2.world import build
-from rstar2.chat import load_tokenizer as load
+from rstar2.rollout.chat import load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2.chat import ChatFormat
-from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.rollout.chat import ChatFormat
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from tests.fixtures.qwen import VOCAB_SIZE
 
 pytestmark = pytest.mark.e2e

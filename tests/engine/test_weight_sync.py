@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2 import config
-from rstar2.chat import load_tokenizer
-from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.run import config
+from rstar2.rollout.chat import load_tokenizer
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.world import build
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""The multi-rank DeepSpeed trainer on CPU (rstar2/deepspeed_backend.py): two rank actors under ZeRO-2 and ZeRO-3
+"""The multi-rank DeepSpeed trainer on CPU (rstar2/training/deepspeed_backend.py): two rank actors under ZeRO-2 and ZeRO-3
 make the same updates as one plain-torch process on the same recorded batches (several micro-batches each), and a save -> restore -> next update is
 bit-identical to never having stopped. The first run JIT-compiles DeepSpeed's shm comm op (~1 min, cached)."""
 
@@ -8,9 +8,11 @@ import pytest
 import ray
 import torch
 
-from rstar2 import cluster, config
-from rstar2.trainer import PolicyTrainer
-from rstar2.trainer_group import TrainerGroup
+from rstar2.rollout import cluster
+
+from rstar2.run import config
+from rstar2.training.trainer import PolicyTrainer
+from rstar2.training.trainer_group import TrainerGroup
 from rstar2.world import build
 from tests.unit.test_trainer import TINY, batch
 

@@ -12,8 +12,8 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
 from flows.evaluate import EvalParams, campaign_running, evaluate
-from rstar2 import checkpoint, config, runstate
-from rstar2.layout import RunLayout
+from rstar2.run import checkpoint, config, runstate
+from rstar2.run.layout import RunLayout
 
 
 @pytest.fixture()

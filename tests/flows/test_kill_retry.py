@@ -14,8 +14,7 @@ import mlflow
 import polars as pl
 import pytest
 
-from rstar2 import checkpoint, steps
-
+from rstar2.run import checkpoint, steps
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=1",

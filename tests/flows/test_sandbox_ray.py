@@ -2,8 +2,8 @@
 
 import pytest
 
-from rstar2 import cluster
-from rstar2.config import SandboxCfg
+from rstar2.rollout import cluster
+from rstar2.run.config import SandboxCfg
 from rstar2.sandbox import ExecRequest
 from rstar2.sandbox.backends import connect
 

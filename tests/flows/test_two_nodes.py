@@ -18,7 +18,8 @@ import pytest
 import ray
 
 from cli.services import stop_tree, tree, wait_http
-from rstar2 import checkpoint, cluster
+from rstar2.rollout import cluster
+from rstar2.run import checkpoint
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e

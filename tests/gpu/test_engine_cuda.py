@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2.chat import load_tokenizer
-from rstar2.engine import EngineSpec, VLLMEngine
+from rstar2.rollout.chat import load_tokenizer
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("vllm_cuda")]
 

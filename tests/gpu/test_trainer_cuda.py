@@ -5,8 +5,8 @@ algorithms on, as cuBLAS and the embedding backward are otherwise free to reorde
 import pytest
 import torch
 
-from rstar2 import config
-from rstar2.trainer import PolicyTrainer
+from rstar2.run import config
+from rstar2.training.trainer import PolicyTrainer
 from tests.unit.test_trainer import batch
 
 pytestmark = pytest.mark.gpu

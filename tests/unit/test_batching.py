@@ -1,4 +1,4 @@
-"""Micro-batch layouts (rstar2/batching.py): budgets, sharding, and log-probs identical to one-sequence-at-a-time."""
+"""Micro-batch layouts (rstar2/training/batching.py): budgets, sharding, and log-probs identical to one-sequence-at-a-time."""
 
 import random
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rstar2.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
+from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
 
 
 def test_bucket_budget_and_cover():

@@ -51,7 +51,7 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
 
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
-    from rstar2 import report
+    from rstar2.evaluation import report
     from cli.tables import ablation_tables, campaign_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
@@ -75,7 +75,7 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
 
 
 def test_worlds_table_and_the_ablations_paired_conclusion():
-    from rstar2 import report
+    from rstar2.evaluation import report
     from cli.tables import ablation_conclusions, worlds_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03}

@@ -1,4 +1,4 @@
-"""The chat format read from a model's own template (rstar2.chat): the tiny world's token stream is unchanged by
+"""The chat format read from a model's own template (rstar2.rollout.chat): the tiny world's token stream is unchanged by
 it (byte for byte), a Qwen-style template gives Hermes markers and `<|im_end|>` as the turn's stop token, SFT masks
 only what the assistant writes, and a template the agent loop cannot use is refused with one clear error."""
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rstar2 import sft
-from rstar2.chat import ChatFormat, ChatTemplateError, prompt_messages, tool_call
-from rstar2.template import TOOL_SCHEMA
+from rstar2.training import sft
+from rstar2.rollout.chat import ChatFormat, ChatTemplateError, prompt_messages, tool_call
+from rstar2.rollout.template import TOOL_SCHEMA
 from rstar2.world.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
 from tests.fixtures.qwen import make_tokenizer
 
@@ -124,8 +124,9 @@ def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(tmp_pa
 
 
 def test_a_run_refuses_such_a_model_before_any_actor_starts(tmp_path, monkeypatch):
-    from rstar2 import cluster, config
-    from rstar2.controller import Controller
+    from rstar2.rollout import cluster
+    from rstar2.run import config
+    from rstar2.run.controller import Controller
 
     monkeypatch.setattr(cluster, "init", lambda: pytest.fail("Ray was started for a model that cannot run"))
     with pytest.raises(ChatTemplateError, match="ignores `tools`"):

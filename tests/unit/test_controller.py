@@ -1,4 +1,4 @@
-"""The controller's bookkeeping of a run's actors (rstar2/controller.py) against a stand-in for Ray: which actors it
+"""The controller's bookkeeping of a run's actors (rstar2/run/controller.py) against a stand-in for Ray: which actors it
 starts and under which names, that weight sync reaches every engine once per new model, that a restarted trainer is
 fresh while the engines stay, and what Prefect records of it as a flow parameter. Real actors run in tests/flows."""
 
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rstar2 import config, controller
-from rstar2.controller import Controller
+from rstar2.run import config, controller
+from rstar2.run.controller import Controller
 
 
 LOG: list[str] = []  # sleep / update / wake_up calls in order

@@ -1,4 +1,4 @@
-"""The engine actor's continuous-batching loop (rstar2.engine.EngineLoop) around a toy backend: requests finish
+"""The engine actor's continuous-batching loop (rstar2.rollout.engine.EngineLoop) around a toy backend: requests finish
 independently, a reload pauses admission and drains what is in flight, nothing is lost, a broken step fails
 everything clearly. The same loop around real vLLM runs in tests/engine/test_engine_actor.py."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rstar2.engine import EngineLoop
+from rstar2.rollout.engine import EngineLoop
 
 
 class Toy:

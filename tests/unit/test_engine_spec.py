@@ -3,8 +3,10 @@ sleep mode, KV size), on the paper's multi-GPU preset where every field differs 
 
 import pytest
 
-from rstar2 import config, solve
-from rstar2.engine import EngineSpec
+from rstar2.evaluation import solve
+
+from rstar2.run import config
+from rstar2.rollout.engine import EngineSpec
 
 
 def test_the_run_config_sets_every_engine_field():

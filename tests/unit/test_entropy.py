@@ -1,4 +1,4 @@
-"""The entropy analysis (rstar2/entropy.py): token classes on a hand-built trajectory, entropies against a softmax
+"""The entropy analysis (rstar2/evaluation/entropy.py): token classes on a hand-built trajectory, entropies against a softmax
 computed by hand from the model's logits, and the high-entropy split on hand-picked values."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from rstar2 import entropy
-from rstar2.entropy import REASONING as F, REFLECTION as R
+from rstar2.evaluation import entropy
+from rstar2.evaluation.entropy import REASONING as F, REFLECTION as R
 
 N = None  # a token the model did not write
 

@@ -1,4 +1,4 @@
-"""`rstar2 export` (rstar2.export): a run's checkpoint (weights beside the trainer's optimizer/RNG state, sealed) in,
+"""`rstar2 export` (rstar2.evaluation.export): a run's checkpoint (weights beside the trainer's optimizer/RNG state, sealed) in,
 a plain Hugging Face model directory out that transformers loads with the same logits; what is not a model, or an
 existing directory, is refused with one clear error. Loading the export in vLLM: tests/engine/test_look.py."""
 
@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rstar2 import checkpoint, config, export
-from rstar2.config import TrainerCfg
-from rstar2.trainer import STATE_FILE, PolicyTrainer
+from rstar2.evaluation import export
+
+from rstar2.run import checkpoint, config
+from rstar2.run.config import TrainerCfg
+from rstar2.training.trainer import STATE_FILE, PolicyTrainer
 from rstar2.world import build
-from rstar2.chat import load_tokenizer as load
+from rstar2.rollout.chat import load_tokenizer as load
 
 TINY = ["world.n_sft=60", "world.n_train=12", "world.n_test=6", "world.hidden=32", "world.ffn=64", "world.layers=2",
         "world.heads=2", "world.kv_heads=1", "world.vocab_size=600"]

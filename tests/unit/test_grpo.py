@@ -1,11 +1,11 @@
-"""GRPO-RoC loss pieces (rstar2/grpo.py) against hand-worked values and a literal per-token reference."""
+"""GRPO-RoC loss pieces (rstar2/training/grpo.py) against hand-worked values and a literal per-token reference."""
 
 import math
 
 import pytest
 import torch
 
-from rstar2.grpo import entropy_from_logits, group_advantages, kl_penalty, policy_loss
+from rstar2.training.grpo import entropy_from_logits, group_advantages, kl_penalty, policy_loss
 
 
 # ---------------------------------------------------------------- advantages (Eq. 7)

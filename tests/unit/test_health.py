@@ -1,8 +1,8 @@
-"""The per-step health line and the collapse alert (rstar2/health.py) on recorded-style metric trajectories."""
+"""The per-step health line and the collapse alert (rstar2/evaluation/health.py) on recorded-style metric trajectories."""
 
 import pytest
 
-from rstar2.health import collapse_alert, first_collapse, health_line
+from rstar2.evaluation.health import collapse_alert, first_collapse, health_line
 
 # A collapse like a recorded run's: reward peaks at 0.43 at step 4, then format violations climb 0.12 -> 0.51 and
 # tool errors 0.09 -> 0.69 by step 10.
@@ -120,7 +120,7 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     per step, the metric collapse_alert 0/1 and the step's metrics on the stage run, the headline on the campaign
     run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
     1-9, then step 10 runs) recomputes the same tags."""
-    from rstar2 import tracking
+    from rstar2.run import tracking
     from tasks import costs
     from tasks.track import log_step
 

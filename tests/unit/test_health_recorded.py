@@ -1,4 +1,4 @@
-"""The collapse alert (rstar2/health.py) on recorded runs: the health lines that tiny campaigns printed, kept in
+"""The collapse alert (rstar2/evaluation/health.py) on recorded runs: the health lines that tiny campaigns printed, kept in
 tests/data/health/ as they were printed (one file per campaign; a run starts at its step 1). No healthy run fires
 it; a recorded collapse fires it within 3 steps of its start."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.health import first_collapse
+from rstar2.evaluation.health import first_collapse
 
 RECORDED = Path(__file__).parents[1] / "data" / "health"
 LINE = re.compile(r"step (\d+) \| reward ([\d.]+) \| fmt-viol ([\d.]+) \| tool-err ([\d.]+)")

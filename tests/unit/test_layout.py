@@ -100,7 +100,7 @@ def test_no_import_cycle():
 def test_the_checks_see_what_they_look_for():
     """The walk finds function-level and relative imports, and the cycle search finds a circle."""
     g = _graph()
-    assert "bench.trainer" in g["cli.main"] and "rstar2.deepspeed_backend" in g["rstar2.trainer"]  # in a function
+    assert "bench.trainer" in g["cli.main"] and "rstar2.training.deepspeed_backend" in g["rstar2.training.trainer"]  # in a function
     assert "rstar2.sandbox.api" in g["rstar2.sandbox"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -113,3 +113,12 @@ def test_relative_imports_resolve_against_their_package(tmp_path):
     known = {"pkg", "pkg.sub", "pkg.sub.m", "pkg.sub.n", "pkg.top", "pkg.other"}
     assert _imports("pkg.sub", init, known) == {"pkg.sub.m"}
     assert _imports("pkg.sub.m", mod, known) == {"pkg.sub.n", "pkg.top", "pkg.other"}
+
+
+def test_the_library_shows_the_pipeline():
+    """rstar2/'s top level is a few folders (each opening with a docstring that says what it owns) and modules."""
+    entries = [p for p in (ROOT / "rstar2").iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 12, sorted(p.name for p in entries)
+    packages = [p for p in entries if (p / "__init__.py").is_file()]
+    undocumented = [p.name for p in packages if ast.get_docstring(ast.parse((p / "__init__.py").read_text())) is None]
+    assert len(packages) >= 6 and not undocumented

@@ -1,4 +1,4 @@
-"""rstar2.placement on a real local Ray cluster (CPU bundles): the groups hold the expected bundles, actors started
+"""rstar2.rollout.placement on a real local Ray cluster (CPU bundles): the groups hold the expected bundles, actors started
 with an engine's or a rank's options run inside its group, a cluster without the asked resources is refused with a
 clear error, and `remove` frees the groups."""
 
@@ -6,9 +6,9 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from rstar2 import cluster, config, placement
+from rstar2.rollout import cluster, placement
 
-
+from rstar2.run import config
 @pytest.fixture(scope="module")
 def local_ray():
     cluster.init()

@@ -1,4 +1,4 @@
-"""rstar2.plan: model-state figures equal DeepSpeed's estimators, the hand-worked activation and KV formulas, every
+"""rstar2.run.plan: model-state figures equal DeepSpeed's estimators, the hand-worked activation and KV formulas, every
 preset fits its own placement, and a run that cannot fit is refused before Ray or any actor starts."""
 
 import pytest
@@ -7,8 +7,7 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 from transformers import AutoModelForCausalLM
 
-from rstar2 import config, plan
-
+from rstar2.run import config, plan
 # vocab 100, hidden 8, 1 layer, 2 heads of 4, 1 KV head, ffn 16 (Qwen2: q/k/v biases, tied embeddings)
 SMALL = ["world.vocab_size=100", "world.hidden=8", "world.layers=1", "world.heads=2", "world.kv_heads=1",
          "world.ffn=16", "trainer.micro_batch_tokens=10", "engine.dtype=float32"]
@@ -67,8 +66,7 @@ def test_the_paper_preset_on_too_few_gpus_does_not_fit():
 
 def test_an_impossible_run_is_refused_before_any_actor_starts(tmp_path, monkeypatch):
     from flows.campaign import CampaignParams, campaign
-    from rstar2 import cluster
-
+    from rstar2.rollout import cluster
     joined, ray_before = [], ray.is_initialized()
     monkeypatch.setattr(cluster, "init", lambda: joined.append(True))  # where every Ray start goes through
     params = CampaignParams(preset="qwen3-14b", overrides=["placement.gpus=8", f"out_dir={tmp_path}"])

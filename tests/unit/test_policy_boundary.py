@@ -1,5 +1,5 @@
 """The boundary between placement policies and the scheduler: a policy reads a read-only view of the books and
-returns its decisions, which the scheduler applies. Checked on the source (every policy of rstar2.policies and
+returns its decisions, which the scheduler applies. Checked on the source (every policy of rstar2.rollout.policies and
 the simulator's oracles), so that a new policy cannot quietly reach into the scheduler's mirrors again."""
 
 import ast
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rstar2.config import SchedulerCfg
-from rstar2.scheduler import Scheduler
+from rstar2.run.config import SchedulerCfg
+from rstar2.rollout.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 # the scheduler's mirrors and mutators: the books a policy must not read or write behind the scheduler's back
@@ -18,9 +18,9 @@ REFLECTION = {"getattr", "setattr", "delattr", "vars"}
 
 
 def _policy_code() -> dict[str, list[ast.AST]]:
-    """file -> the nodes to check: all of rstar2/policies.py, and every class in bench/ that subclasses a policy."""
-    policies = ast.parse((ROOT / "rstar2" / "policies.py").read_text())
-    code = {"rstar2/policies.py": [policies]}
+    """file -> the nodes to check: all of rstar2/rollout/policies.py, and every class in bench/ that subclasses a policy."""
+    policies = ast.parse((ROOT / "rstar2" / "rollout" / "policies.py").read_text())
+    code = {"rstar2/rollout/policies.py": [policies]}
     known = {"Policy"} | {c.name for c in ast.walk(policies) if isinstance(c, ast.ClassDef)
                           and any(isinstance(b, ast.Name) and b.id == "Policy" for b in c.bases)}
     trees = {f"bench/{p.name}": ast.parse(p.read_text()) for p in sorted((ROOT / "bench").glob("*.py"))}

@@ -1,4 +1,4 @@
-"""The preflight (rstar2/preflight.py, `rstar2 check`): the one room-to-answer rule (rstar2.rollout.fits) on hand-worked
+"""The preflight (rstar2/run/preflight.py, `rstar2 check`): the one room-to-answer rule (rstar2.rollout.trajectory.fits) on hand-worked
 lengths, what a table keeps and drops, where the dropped ids go (the world's URIs, the suites), the context taken from
 the model's own config, and the command's table, exit codes and --json."""
 
@@ -10,8 +10,10 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from rstar2 import config, preflight, rollout
-from rstar2.chat import ChatFormat
+from rstar2.rollout import trajectory
+
+from rstar2.run import config, preflight
+from rstar2.rollout.chat import ChatFormat
 from rstar2.world import build
 from rstar2.world.tokenizer import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
 
@@ -35,7 +37,7 @@ def chat():
 
 def _base(chat) -> int:
     """The prompt's tokens around an empty question (system prompt, tools, turn markers)."""
-    return len(rollout.prompt_ids(chat, [""])[0])
+    return len(trajectory.prompt_ids(chat, [""])[0])
 
 
 def _problems(*questions: str) -> pl.DataFrame:
@@ -44,18 +46,18 @@ def _problems(*questions: str) -> pl.DataFrame:
 
 
 def test_the_rule_is_prompt_plus_the_whole_budget_within_the_context():
-    limits = rollout.RolloutLimits(max_response_tokens=384, max_model_len=1024)
-    assert rollout.fits(640, limits) and rollout.fits(0, limits)  # 640 + 384 = 1024: exactly full fits
-    assert not rollout.fits(641, limits)  # one token more leaves 383 of the 384
-    assert not rollout.fits(1027, rollout.RolloutLimits(max_response_tokens=384, max_model_len=1024))  # the issue's
-    assert rollout.fits(1027, rollout.RolloutLimits(max_response_tokens=384, max_model_len=2048))  # its model's 2,048
-    assert rollout.fits(10**6, rollout.RolloutLimits(max_response_tokens=384))  # no context given: no limit
+    limits = trajectory.RolloutLimits(max_response_tokens=384, max_model_len=1024)
+    assert trajectory.fits(640, limits) and trajectory.fits(0, limits)  # 640 + 384 = 1024: exactly full fits
+    assert not trajectory.fits(641, limits)  # one token more leaves 383 of the 384
+    assert not trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=1024))  # the issue's
+    assert trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=2048))  # its model's 2,048
+    assert trajectory.fits(10**6, trajectory.RolloutLimits(max_response_tokens=384))  # no context given: no limit
 
 
 def test_a_question_of_k_letters_adds_k_tokens_and_the_boundary_is_exact(chat):
     b = _base(chat)
-    assert [len(x) - b for x in rollout.prompt_ids(chat, ["", "abc", "x" * 10])] == [0, 3, 10]
-    limits = rollout.RolloutLimits(max_response_tokens=20, max_model_len=b + 10 + 20)  # room for a 10-letter question
+    assert [len(x) - b for x in trajectory.prompt_ids(chat, ["", "abc", "x" * 10])] == [0, 3, 10]
+    limits = trajectory.RolloutLimits(max_response_tokens=20, max_model_len=b + 10 + 20)  # room for a 10-letter question
     f = preflight.fit(_problems("x" * 9, "x" * 10, "x" * 11, "y" * 40), chat, limits)
     assert f.problems == 4 and f.kept["problem_id"].to_list() == ["p0", "p1"] and f.dropped_ids == ["p2", "p3"]
     assert f.max_prompt_tokens == b + 40
@@ -63,17 +65,17 @@ def test_a_question_of_k_letters_adds_k_tokens_and_the_boundary_is_exact(chat):
 
 def test_the_rollout_refuses_what_the_preflight_drops_with_the_same_rule(chat):
     b = _base(chat)
-    limits = rollout.RolloutLimits(max_response_tokens=20, max_model_len=b + 30)
-    trajs = rollout.make_trajs(chat, [{"problem_id": "ok", "prompt": "x" * 10, "answer": "1"}], 2, limits)
+    limits = trajectory.RolloutLimits(max_response_tokens=20, max_model_len=b + 30)
+    trajs = trajectory.make_trajs(chat, [{"problem_id": "ok", "prompt": "x" * 10, "answer": "1"}], 2, limits)
     assert [(t.problem_id, len(t.prompt_ids), t.budget) for t in trajs] == [("ok", b + 10, 20)] * 2
     with pytest.raises(ValueError, match=f"problem long: a prompt of {b + 11} tokens leaves no room for 20 response "
                                          f"tokens in a context of {b + 30}.*rstar2 check"):
-        rollout.make_trajs(chat, [{"problem_id": "long", "prompt": "x" * 11, "answer": "1"}], 1, limits)
+        trajectory.make_trajs(chat, [{"problem_id": "long", "prompt": "x" * 11, "answer": "1"}], 1, limits)
 
 
 def test_a_tables_row_warns_with_the_dropped_ids_and_fails_only_when_nothing_is_left(chat):
     b = _base(chat)
-    limits = rollout.RolloutLimits(max_response_tokens=10, max_model_len=b + 15)
+    limits = trajectory.RolloutLimits(max_response_tokens=10, max_model_len=b + 15)
     whole = preflight.fit_row("t", preflight.fit(_problems("a", "bb"), chat, limits), limits)
     assert whole.status == preflight.OK and whole.figures["kept"] == 2 and whole.figures["dropped_ids"] == []
     some = preflight.fit_row("t", preflight.fit(_problems("a", "x" * 16), chat, limits), limits)

@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 
-from rstar2.chat import prompt_messages
-from rstar2.template import TOOL_SCHEMA
+from rstar2.rollout.chat import prompt_messages
+from rstar2.rollout.template import TOOL_SCHEMA
 from tests.fixtures.qwen import QWEN_TEMPLATE, VOCAB_SIZE, make_tokenizer, tiktoken_encoding
 
 # Qwen3's tokenizer_config.json (`added_tokens_decoder`), written out here rather than read from the fixture

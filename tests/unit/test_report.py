@@ -3,9 +3,7 @@
 import polars as pl
 import pytest
 
-from rstar2 import report
-
-
+from rstar2.evaluation import report
 def test_comparison_plots_write_one_png_per_curve(tmp_path):
     curves = {"roc": {"reward_mean": [(1, 0.2), (2, 0.3)], "pass1_train": [(1, 0.2)]},
               "plain-grpo": {"reward_mean": [(1, 0.1), (2, 0.15)]}}

@@ -1,9 +1,9 @@
-"""GRPO-RoC selection (rstar2/roc.py): hand-worked cases of paper Eq. 4-5 and of the quotas."""
+"""GRPO-RoC selection (rstar2/training/roc.py): hand-worked cases of paper Eq. 4-5 and of the quotas."""
 
 import numpy as np
 import pytest
 
-from rstar2.roc import count_answer_blocks, is_all_equal, p_err, p_format, quotas, roc_select, select_group
+from rstar2.training.roc import count_answer_blocks, is_all_equal, p_err, p_format, quotas, roc_select, select_group
 
 
 # ---------------------------------------------------------------- p_err (Eq. 4) per tool-status mix

@@ -1,4 +1,4 @@
-"""The agent loop (rstar2.agent_loop) and the trajectory's turns (rstar2.rollout): a scripted policy on a
+"""The agent loop (rstar2.rollout.agent_loop) and the trajectory's turns (rstar2.rollout.trajectory): a scripted policy on a
 continuous-batching stand-in engine replaces vLLM here (the real engine runs in tests/engine and the end-to-end flow
 test); the sandbox is the real one."""
 
@@ -12,10 +12,10 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rstar2 import rollout
-from rstar2.agent_loop import AgentLoop, EngineSet
-from rstar2.chat import ChatFormat
-from rstar2.config import SchedulerCfg
+from rstar2.rollout import trajectory
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.run.config import SchedulerCfg
 from rstar2.world.tokenizer import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
 
 TINY = ChatFormat.from_template(CHAT_TEMPLATE, SPECIAL_TOKENS, "the tiny world's template")  # text only
@@ -94,15 +94,15 @@ def test_engine_log_probs_are_recorded_aligned_with_the_response(chat, service):
     t = trajs[0]
     assert t.num_turns == 2 and 0 in t.loss_mask and len(t.response_logprobs) == len(t.response_ids)
     assert t.response_logprobs == [-1.0 - i % 7 if m else 0.0 for i, m in zip(t.response_ids, t.loss_mask)]
-    assert rollout.to_rows(trajs, chat.tokenizer)[0]["response_logprobs"] == t.response_logprobs
+    assert trajectory.to_rows(trajs, chat.tokenizer)[0]["response_logprobs"] == t.response_logprobs
     plain = run(chat, service, script, max_turns=5, max_response_tokens=2000)["zqa"]
-    assert plain.response_logprobs is None and "response_logprobs" not in rollout.to_rows([plain], chat.tokenizer)[0]
+    assert plain.response_logprobs is None and "response_logprobs" not in trajectory.to_rows([plain], chat.tokenizer)[0]
     with pytest.raises(ValueError, match="came back with no log-probs"):
-        rollout.model_turn(t, [5, 6], "stop", chat, rollout.RolloutLimits(), None)
+        trajectory.model_turn(t, [5, 6], "stop", chat, trajectory.RolloutLimits(), None)
 
 
 def test_the_no_tool_ablation_refuses_calls_without_running_them(chat):
-    from rstar2.steps import ToolDisabled
+    from rstar2.run.steps import ToolDisabled
 
     t = run(chat, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
     tool_part = chat.tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
@@ -157,7 +157,7 @@ def run_sched(chat, service, script, engines, samples=3, policy="kv_aware", cfg=
               on_done=None, **limits):
     problems = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in script]
     loop = AgentLoop(EngineSet(engines, [10_000] * len(engines)), cfg or SchedulerCfg(), service, chat,
-                     rollout.RolloutLimits(**limits), policy, estimator, on_done)
+                     trajectory.RolloutLimits(**limits), policy, estimator, on_done)
     return loop.run(problems, samples, seed)
 
 
@@ -284,8 +284,8 @@ def test_the_scheduler_hears_each_turn_as_it_ends(chat, service, monkeypatch):
     """The scheduler gets a trajectory's length the moment a turn ends: when it leaves for a tool, its footprint holds
     the turn just generated (the KV vLLM keeps cached for it), and when it finishes, the length estimate learns its
     whole response and every turn (a one-turn trajectory too: its length and one turn, not 0 and 0)."""
-    from rstar2.estimator import LengthEstimator
-    from rstar2.scheduler import Scheduler
+    from rstar2.rollout.estimator import LengthEstimator
+    from rstar2.rollout.scheduler import Scheduler
 
     away_at: dict[int, list[int]] = {}
     at_tool = Scheduler.at_tool

@@ -1,10 +1,10 @@
-"""Where a run's RL starts (rstar2.runstate): the SFT model, or with sft.enabled off the world's initial model (the
+"""Where a run's RL starts (rstar2.run.runstate): the SFT model, or with sft.enabled off the world's initial model (the
 generated one, or world.base_model), never a `<run>/sft` that SFT-off runs do not have."""
 
 from pathlib import Path
 
-from rstar2 import config, runstate
-from rstar2.layout import RunLayout
+from rstar2.run import config, runstate
+from rstar2.run.layout import RunLayout
 
 
 def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp_path):

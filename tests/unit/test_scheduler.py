@@ -1,14 +1,14 @@
-"""Invariants of rstar2.scheduler under random protocol traffic (every policy, the simulator's oracles included): never
+"""Invariants of rstar2.rollout.scheduler under random protocol traffic (every policy, the simulator's oracles included): never
 over budget, sticky, exactly once (also after engine failures), release on error/cancel frees the engine; the
 SchedulerSession's protocol on hand-worked event sequences; and the simulator conserves work."""
 
 import numpy as np
 import pytest
 
-from rstar2.config import SchedulerCfg
+from rstar2.run.config import SchedulerCfg
 from bench.rollout_sim import SIM_POLICIES, STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
-from rstar2.estimator import LengthEstimator
-from rstar2.scheduler import END, TOOL, TURN, Scheduler, SchedulerError, SchedulerSession
+from rstar2.rollout.estimator import LengthEstimator
+from rstar2.rollout.scheduler import END, TOOL, TURN, Scheduler, SchedulerError, SchedulerSession
 
 CFG = SchedulerCfg(max_inflight=8, oversubscribe=1.0, probes_per_prompt=1)
 

@@ -1,4 +1,4 @@
-"""`rstar2 sft` on any chat model: transcripts in the common messages layout (rstar2.transcripts), rendered with the
+"""`rstar2 sft` on any chat model: transcripts in the common messages layout (rstar2.training.transcripts), rendered with the
 model's own template, a few steps on the Qwen-shaped fixture, bucketed or packed, and a loadable model directory out.
 Bad input is one clear error naming the file and line."""
 
@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from cli.main import app
-from rstar2 import checkpoint, transcripts
-from rstar2.chat import ChatFormat, prompt_messages
-from rstar2.template import TOOL_NAME
+from rstar2.run import checkpoint
+from rstar2.training import transcripts
+from rstar2.rollout.chat import ChatFormat, prompt_messages
+from rstar2.rollout.template import TOOL_NAME
 
 
 def _rows(n: int) -> list[dict]:

@@ -1,12 +1,10 @@
-"""Statistics (rstar2/stats.py) against values worked by hand."""
+"""Statistics (rstar2/evaluation/stats.py) against values worked by hand."""
 
 import math
 
 import pytest
 
-from rstar2 import stats
-
-
+from rstar2.evaluation import stats
 def test_pass_at_k_is_the_unbiased_estimator():
     # n=4 samples, c=2 correct: pass@1 = 2/4; pass@2 = 1 - C(2,2)/C(4,2) = 1 - 1/6; pass@4: n-c=2 < 4, always hit
     assert stats.pass_at_k(4, 2, 1) == pytest.approx(0.5)
@@ -76,8 +74,7 @@ def test_curve_band_averages_the_seeds_that_logged_each_step():
 def test_an_evaluation_reports_its_statistics_from_the_scored_samples(tmp_path):
     import polars as pl
 
-    from rstar2 import steps
-
+    from rstar2.run import steps
     uri = tmp_path / "eval.parquet"
     pl.DataFrame({"problem_id": ["a", "a", "b", "b", "c", "c", "d", "d"], "reward": [0.0, 0, 1, 1, 1, 0, 0, 1],
                   "response_len": [10] * 8}).write_parquet(uri)

@@ -1,10 +1,10 @@
-"""The RL step's RoC filter and sandbox figures over a scored table (rstar2/steps.py), RoC on and off."""
+"""The RL step's RoC filter and sandbox figures over a scored table (rstar2/run/steps.py), RoC on and off."""
 
 import polars as pl
 import pytest
 
-from rstar2 import steps
-from rstar2.config import RoCCfg
+from rstar2.run import steps
+from rstar2.run.config import RoCCfg
 
 
 @pytest.fixture

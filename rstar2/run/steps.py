@@ -1,0 +1,175 @@
+"""The operations of one RL step, over URIs (Parquet files, checkpoint dirs): each one is what a Prefect task runs.
+
+rollout -> score (answer verification) -> sandbox stats -> RoC filter -> (trainer update) -> (checkpoint) -> evaluate
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from rstar2.evaluation import stats
+
+from rstar2.rollout import trajectory
+
+from rstar2.training import roc
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.run.config import EvalCfg, RoCCfg, RolloutCfg, SchedulerCfg
+from rstar2.data import clean
+from rstar2.data.schema import validate
+from rstar2.rollout.estimator import LengthEstimator
+from rstar2.reward import Verifier, extract_answer
+from rstar2.sandbox import ExecRequest, ExecResult
+from rstar2.sandbox.backends import Backend
+from rstar2.sandbox.metrics import summarize
+
+class ToolDisabled:
+    """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on
+    its own."""
+
+    def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        return [ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0) for _ in reqs]
+
+
+def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
+    """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
+    run sees exactly the data the uninterrupted one would have."""
+    df = validate(pl.read_parquet(problems_uri), problems_uri)
+    if df.height == 0:
+        raise ValueError(f"{problems_uri} has no problems")
+    perm = list(range(df.height))
+    random.Random(seed).shuffle(perm)
+    idx = [perm[(step * n + i) % df.height] for i in range(n)]
+    return df[idx].select("problem_id", "prompt", "answer").to_dicts()
+
+
+def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
+                       n_samples: int, limits: RolloutCfg, sandbox: Backend, out_uri: str,
+                       max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
+                       seed: int | str | None = None) -> dict:
+    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table; on_done(finished,
+    total) after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is
+    refused: ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
+    one from its prior). `seed`: every trajectory-turn samples from a seed of its own
+    (rstar2.rollout.trajectory.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
+    scheduling. Returns the rollout's figures and scheduling metrics."""
+    chat = ChatFormat.load(tokenizer_dir)
+    t0 = time.perf_counter()
+    lim = trajectory.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
+    sb = sandbox if limits.tool_enabled else None
+    before = sb.snapshot() if sb else None
+    loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), chat, lim, estimator=estimator, on_done=on_done)
+    trajs, sched_stats = loop.run(problems, n_samples, seed)
+    sched_stats.pop("sched_failures")
+    sched_stats.pop("sched_policy")
+    service = summarize(before, sb.snapshot()) if sb else {}  # the service's counters are not per row
+    rows = trajectory.to_rows(trajs, chat.tokenizer)
+    wall = time.perf_counter() - t0
+    Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows).write_parquet(out_uri)
+    gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
+    return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats, "sandbox": service}
+
+
+def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: str = "math") -> dict:
+    """Outcome reward (0/1) per trajectory, plus the RoC penalties p_err and p_format. `answer_type` math: Math-Verify
+    in the sandbox through `check` (the RL reward); integer or choice (evaluation suites): an exact check here
+    (rstar2.data.clean), no verifier needed. Returns the mean reward and the verifier's figures ("verify")."""
+    df = pl.read_parquet(rollouts_uri)
+    texts, golds, cut = df["final_text"].to_list(), df["gold"].to_list(), df["truncated"].to_list()
+    statuses: Counter = Counter()
+    if answer_type == "math":
+        if check is None:
+            raise ValueError(f"scoring {rollouts_uri} as math needs a verifier (Math-Verify in the sandbox)")
+        rewards = check.score(texts, golds, cut)
+        statuses = check.last_statuses
+    else:
+        rewards = [0.0 if c else clean.matches(extract_answer(t), g, answer_type) for t, g, c in zip(texts, golds, cut)]
+    verify = {"verify_calls": float(sum(statuses.values())),
+              **{f"verify_status_{k}": float(v) for k, v in statuses.items()}}
+    blocks = [roc.count_answer_blocks(t) for t in df["assistant_text"].to_list()]
+    df = df.with_columns(
+        reward=pl.Series(rewards, dtype=pl.Float64),
+        p_err=pl.Series([roc.p_err(s) for s in df["tool_statuses"].to_list()], dtype=pl.Float64),
+        p_format=pl.Series([roc.p_format(n, bad, turns) for (n, bad), turns in zip(blocks, df["num_turns"].to_list())],
+                           dtype=pl.Float64),
+    )
+    df.write_parquet(out_uri)
+    return {"reward_mean": float(np.mean(rewards)) if rewards else 0.0, "verify": verify}
+
+
+def sandbox_stats(scored_uri: str, service: dict) -> dict:
+    """What the sandbox did this step: the tool calls' statuses and latency (from the rollout table), and `service`:
+    the service's own figures over the rollout (calls/s, latency percentiles, queue wait and depth: the rollout's
+    "sandbox") and the reward checks (the score's "verify")."""
+    df = pl.read_parquet(scored_uri)
+    statuses = Counter(s for row in df["tool_statuses"].to_list() for s in row)
+    walls = [w for row in df["tool_wall_s"].to_list() for w in row if w > 0]
+    calls = sum(statuses.values())
+    return {"tool_calls": calls, "tool_calls_per_traj": calls / max(1, df.height),
+            "tool_error_rate": 1 - sum(statuses[s] for s in roc.OK_STATUSES) / max(1, calls),
+            "tool_latency_mean_s": float(np.mean(walls)) if walls else 0.0,
+            "tool_latency_p99_s": float(np.quantile(walls, 0.99)) if walls else 0.0,
+            **{f"tool_status_{k}": v for k, v in statuses.items()}, **service}
+
+
+def roc_filter(scored_uri: str, cfg: RoCCfg, keep: int, seed: int, out_uri: str) -> dict:
+    """GRPO-RoC down-sampling (oversampled 2G -> G per prompt); with RoC off, groups are kept whole (plain GRPO).
+    Either way, groups whose rewards are all equal are dropped unless cfg.drop_all_equal is off."""
+    df = pl.read_parquet(scored_uri)
+    penalties = (df["p_err"] + df["p_format"]).to_numpy()
+    res = roc.roc_select(df["problem_id"].to_numpy(), df["reward"].to_numpy(), penalties, keep if cfg.enabled else None,
+                         np.random.default_rng(seed), cfg.mode, cfg.drop_all_equal, cfg.min_pos, cfg.min_neg)
+    kept = df.filter(pl.Series(res.mask))
+    kept.write_parquet(out_uri)
+    return {"roc_kept": kept.height, "roc_dropped": df.height - kept.height, "roc_dropped_groups": res.dropped_groups}
+
+
+def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
+    """The per-step curves of the paper (Fig. 4, 8): reward, tool errors among positives, format, length, clipping."""
+    df, kept = pl.read_parquet(scored_uri), pl.read_parquet(kept_uri)
+    pos, kpos = df.filter(pl.col("reward") > 0), kept.filter(pl.col("reward") > 0)
+    err_rate = lambda d: float((d["p_err"].filter(d["num_tool_calls"] > 0) > 0).mean() or 0.0) if d.height else 0.0
+    return {
+        "reward_mean": float(df["reward"].mean()), "pass1_train": float(df.group_by("problem_id").agg(
+            pl.col("reward").mean())["reward"].mean()),
+        "tool_error_rate_pos": err_rate(pos), "tool_error_rate_pos_kept": err_rate(kpos),
+        "format_violation_rate": float((df["p_format"] > 0).mean()),
+        "no_tool_rate": float((df["num_tool_calls"] == 0).mean()),
+        "response_len_mean": float(df["response_len"].mean()), "truncation_rate": float(df["truncated"].mean()),
+        "turns_mean": float(df["num_turns"].mean()),
+    }
+
+
+def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems_uri: str, cfg: EvalCfg,
+             max_model_len: int, sandbox: Backend, check: Verifier | None, out_uri: str, on_done=None,
+             answer_type: str = "math") -> dict:
+    """pass@1 averaged over `cfg.samples` samples per held-out problem (paper §5.1 protocol, sizes from config), with
+    its standard error and pass@k (eval_stats); rolled out through the agent loop like the RL step, answers checked
+    as `answer_type` (see score; `check` may be None unless it is math)."""
+    df = validate(pl.read_parquet(problems_uri), problems_uri)
+    if cfg.n_problems:
+        df = df.head(cfg.n_problems)
+    limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
+                        max_response_tokens=cfg.max_response_tokens)
+    info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
+                              cfg.samples, limits, sandbox, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
+    scored = score(out_uri, check, out_uri, answer_type)
+    return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"],
+            "reward_mean": scored["reward_mean"]}
+
+
+def eval_stats(scored_uri: str, ks: list[int] | None = None) -> dict:
+    """An evaluation's figures from its scored samples: pass1 (avg@k) with its standard error over problems
+    (pass1_se), unbiased pass_at_{k} for `ks` (default 1, 2, 4, ... up to the samples per problem; rstar2.evaluation.stats),
+    problems, samples, and the mean response length."""
+    res = pl.read_parquet(scored_uri)
+    by_problem = res.group_by("problem_id", maintain_order=True).agg(pl.col("reward"))["reward"].to_list()
+    return {**stats.evaluation_stats(by_problem, ks), "response_len_mean": float(res["response_len"].mean())}

@@ -1,0 +1,30 @@
+"""The optimizer and learning-rate schedule every trainer backend uses (torch and DeepSpeed build the same ones)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rstar2.run.config import TrainerCfg
+
+
+def lr_lambda(c: TrainerCfg):
+    """LR multiplier at optimizer step s: linear warm-up over `warmup_steps`, then constant (paper: 20 steps, then
+    constant) or, with `decay_steps` > 0, a cosine from 1 down to `min_lr_frac` at step `decay_steps` (and flat after):
+
+        m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * min(1, s/D))) / 2)
+    """
+    def m(s: int) -> float:
+        warm = min(1.0, (s + 1) / max(1, c.warmup_steps))
+        if c.decay_steps <= 0:
+            return warm
+        f = c.min_lr_frac
+        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / c.decay_steps))))
+    return m
+
+
+def adamw(params, c: TrainerCfg, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with the config's lr and weight decay; fused: one kernel per step on CPU and CUDA (the same math as the
+    for-loop version)."""
+    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=device.type in ("cpu", "cuda"))

@@ -1,0 +1,121 @@
+"""Non-reasoning SFT (paper §4.1) of any chat model: next-token loss on assistant tokens only; prompts, generation
+headers and tool responses are masked.
+
+Transcripts are chat messages (rstar2.training.transcripts: the common messages layout with tool calls), rendered with the
+model's own chat template as the token streams RL rolls out (rstar2.rollout.chat.ChatFormat.segments), tokenised segment by
+segment (the rollout tokenises its prompt, the model's turns and the tool turns apart too). Batches are right-padded
+buckets of similar length, or packed rows (`packed`), both through rstar2.training.batching as the RL trainer's; the LM head
+runs only on the hidden states that predict an assistant token (about 40% of positions in the tiny world's
+transcripts)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rstar2.training import device as dev, transcripts
+from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
+from rstar2.rollout.chat import ChatFormat
+from rstar2.run.config import RunCfg
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    final_loss: float
+    tokens_per_s: float
+    wall_s: float
+
+
+def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids and loss masks of transcripts, rendered with the model's chat template and tokenised segment by
+    segment (no re-tokenisation drift at boundaries), all segments in one batched call (the fast tokenizer's)."""
+    segs = [chat.segments(messages) for messages in conversations]
+    texts = [text for s in segs for text, _ in s]
+    flat = iter(chat.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    ids, masks = [], []
+    for s in segs:
+        seg_ids = [next(flat) for _ in s]
+        ids.append([t for seg in seg_ids for t in seg])
+        masks.append([int(train) for seg, (_, train) in zip(seg_ids, s) for _t in seg])
+    return ids, masks
+
+
+def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Random | None = None) -> list[list[int]]:
+    """One pass over the data: buckets of similar length, or packed rows in a shuffled order."""
+    if not packed:
+        return token_budget_batches(lengths, batch_tokens, rng)
+    rows = pack_rows(lengths, batch_tokens)
+    if rng is not None:
+        rng.shuffle(rows)
+    return rows
+
+
+def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
+          warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
+          on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+    """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model and
+    its tokenizer are saved to `out_dir` (a plain HF model directory)."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    chat = ChatFormat.load(model_dir)
+    tok = chat.tokenizer
+    dv = dev.pick(device)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
+    if packed:
+        use_varlen_attention(model)
+    ids, masks = tokenize(chat, transcripts.read(data))
+    lengths = [len(x) for x in ids]
+    n_batches = len(_batches(lengths, batch_tokens, packed))
+    total = max(1, int(n_batches * epochs))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warm = max(1, int(total * warmup_frac))
+    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay (the paper's SFT schedule)
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    model.train()
+    step, tokens, t0, loss_ema = 0, 0, time.perf_counter(), float("nan")
+    while step < total:
+        for batch in _batches(lengths, batch_tokens, packed, rng):
+            if step >= total:
+                break
+            mb = collate(ids, masks, batch, _pad_id(tok), packed).to(dv)  # (B, T) rows or (1, T) packed; N loss tokens
+            with dev.autocast(dv, dtype):
+                logp, _ = loss_token_logprobs(model, mb)  # (N,)
+            loss = -logp.mean() if logp.numel() else logp.sum()  # mean over assistant tokens
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            tokens += mb.real_tokens
+            loss_ema = loss.item() if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * loss.item()
+            if on_progress:
+                on_progress(step, total, loss_ema)
+    wall = time.perf_counter() - t0
+    if packed:
+        model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall)
+
+
+def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
+               on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+    """`train` with a run's settings: sft.*, the run's seed, the trainer's device and dtype."""
+    s = cfg.sft
+    return train(Path(model_dir), Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
+                 warmup_frac=s.warmup_frac, seed=cfg.seed, packed=s.packed, device=cfg.trainer.device,
+                 dtype=cfg.trainer.dtype, on_progress=on_progress)
+
+
+def _pad_id(tok) -> int:
+    """Padding fills bucket rows only; a tokenizer without a pad token pads with eos (never a loss token)."""
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
