@@ -233,7 +233,7 @@ def soak(over: str, clients: int, duration_s: float, slots: int) -> Soak:
     server = service = None
     if over == "http":
         port = 18000 + os.getpid() % 1000
-        server = subprocess.Popen([sys.executable, "-m", "cli.main", "sandbox", "serve", "--port", str(port),
+        server = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "sandbox", "serve", "--port", str(port),
                                    "--slots", str(slots)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180

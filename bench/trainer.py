@@ -181,7 +181,7 @@ def worker_trl(spec: dict) -> list[dict]:
 def _run_worker(side: str, spec: dict) -> list[dict]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
-    proc = subprocess.run([sys.executable, "-m", "bench.trainer", side, f.name], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "rstar2.bench.trainer", side, f.name], capture_output=True,
                           text=True, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1"})
     os.unlink(f.name)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -274,7 +274,7 @@ def command(
     return result
 
 
-if __name__ == "__main__":  # worker entry: python -m bench.trainer {ours|trl} SPEC.json
+if __name__ == "__main__":  # worker entry: python -m rstar2.bench.trainer {ours|trl} SPEC.json
     side, spec_path = sys.argv[1], sys.argv[2]
     out = (worker_ours if side == "ours" else worker_trl)(json.loads(Path(spec_path).read_text()))
     print("RESULT " + json.dumps(out), flush=True)

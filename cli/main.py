@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import trainer as bench_trainer
-from cli import env, tables
+from rstar2.bench import trainer as bench_trainer
+from rstar2.cli import env, tables
 from rstar2.data import FORMATS as DATA_FORMATS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
@@ -49,12 +49,12 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
     Run it again with the same arguments to resume a killed or failed run from its last committed checkpoint."""
     env.apply()
     _check_preset(preset, set_)
-    from flows.campaign import CampaignParams, campaign as campaign_flow
+    from rstar2.flows.campaign import CampaignParams, campaign as campaign_flow
 
     params = CampaignParams(preset=preset, overrides=set_, run_name=run_name, sft_checkpoint=sft_checkpoint,
                             seeds=seeds)
     if world_seeds > 1:
-        from flows.campaign_worlds import campaign_worlds
+        from rstar2.flows.campaign_worlds import campaign_worlds
 
         if sft_checkpoint:
             fail("--world-seeds trains one SFT model per world; drop --sft-checkpoint")
@@ -153,7 +153,7 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
         [ablations.overrides(v) for v in chosen]
     except ValueError as e:
         fail(e)
-    from flows.ablation import AblationParams, ablation as ablation_flow
+    from rstar2.flows.ablation import AblationParams, ablation as ablation_flow
 
     res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
                                        sft_checkpoint=sft_checkpoint, seeds=seeds, last_steps=last_steps))
@@ -184,7 +184,7 @@ def evaluate(preset: str = typer.Option("tiny"), run_name: Optional[str] = typer
     (one table, suite x metric); the result goes to its MLflow LoggedModel."""
     env.apply()
     _check_preset(preset, set_)
-    from flows.evaluate import EvalParams, evaluate as evaluate_flow
+    from rstar2.flows.evaluate import EvalParams, evaluate as evaluate_flow
 
     if model is not None and not (model / "config.json").is_file():
         fail(f"{model} is not a Hugging Face model directory (it has no config.json)")
@@ -291,7 +291,7 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
           worker: bool = typer.Option(True, help="also run a worker for the deployments' runs")):
     """Local services on 127.0.0.1: Prefect server, MLflow server, and a runner serving prefect.yaml's deployments."""
     env.apply()
-    from cli import services
+    from rstar2.cli import services
 
     try:
         services.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
@@ -341,7 +341,7 @@ def analyze_entropy(run: str = typer.Option(..., "--run", help="the run's name (
     (reasoning) and reflection (right after a tool response) tokens, from the SFT model to the end of RL."""
     env.apply()
     _check_preset(preset, [])
-    from flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow, run_paths
+    from rstar2.flows.analyze_entropy import EntropyParams, analyze_entropy as entropy_flow, run_paths
 
     try:
         params = EntropyParams(preset=preset, run_name=run, rl_seed=rl_seed, checkpoints=checkpoint,
@@ -409,9 +409,9 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     console.print(f"wrote {out}; MLflow run {run_id} (experiment {cfg.experiment})")
 
 
-from bench import sandbox as bench_sandbox  # noqa: E402
-from bench import sync as bench_sync  # noqa: E402
-from cli.sandbox import app as sandbox_app  # noqa: E402
+from rstar2.bench import sandbox as bench_sandbox  # noqa: E402
+from rstar2.bench import sync as bench_sync  # noqa: E402
+from rstar2.cli.sandbox import app as sandbox_app  # noqa: E402
 
 app.add_typer(sandbox_app, name="sandbox")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
@@ -472,7 +472,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
                         samples: int, rounds: int, kv_mb: list[int]) -> dict:
     import os
 
-    from bench import rollout_real
+    from rstar2.bench import rollout_real
     from rstar2.run import config
     saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
     cfg = config.RunCfg.model_validate_json(saved.read_text()) if saved.exists() else config.load(preset)
@@ -496,7 +496,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
     import glob
 
     from rstar2.run.config import SchedulerCfg
-    from bench.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
+    from rstar2.bench.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
 
     unknown = set(policies) - set(BENCH_POLICIES)
     if unknown:

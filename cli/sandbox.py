@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from bench.sandbox import isolation_table
+from rstar2.bench.sandbox import isolation_table
 from rstar2.sandbox.api import SandboxLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="The code-execution sandbox service")

@@ -18,9 +18,9 @@ from rstar2.evaluation import report
 
 from rstar2.run import ablations, config, runstate
 from rstar2.run.layout import RunLayout
-from flows.campaign import CampaignParams, campaign
-from tasks import track
-from tasks.reports import ablation_report
+from rstar2.flows.campaign import CampaignParams, campaign
+from rstar2.tasks import track
+from rstar2.tasks.reports import ablation_report
 
 
 class AblationParams(BaseModel):

@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 from rstar2.run import config, runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunLayout
-from tasks import track
-from tasks.analysis import EntropySettings, entropy_report, token_entropy
+from rstar2.tasks import track
+from rstar2.tasks.analysis import EntropySettings, entropy_report, token_entropy
 
 
 class EntropyParams(BaseModel):

@@ -28,14 +28,14 @@ from rstar2.evaluation import report
 from rstar2.run import checkpoint, config, plan, runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunRef
-from flows.evaluate import evaluate_checkpoint
-from flows.stage_transition import stage_transition
-from flows.train_stage import train_stage
-from tasks import rl, track
-from tasks.preflight import preflight
-from tasks.reports import campaign_report
-from tasks.run import run_context
-from tasks.world import run_sft
+from rstar2.flows.evaluate import evaluate_checkpoint
+from rstar2.flows.stage_transition import stage_transition
+from rstar2.flows.train_stage import train_stage
+from rstar2.tasks import rl, track
+from rstar2.tasks.preflight import preflight
+from rstar2.tasks.reports import campaign_report
+from rstar2.tasks.run import run_context
+from rstar2.tasks.world import run_sft
 
 
 class CampaignParams(BaseModel):

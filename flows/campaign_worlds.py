@@ -20,8 +20,8 @@ from prefect.artifacts import create_markdown_artifact
 from rstar2.evaluation import report
 
 from rstar2.run import config, runstate
-from flows.campaign import CampaignParams, campaign
-from tasks import track
+from rstar2.flows.campaign import CampaignParams, campaign
+from rstar2.tasks import track
 
 
 @flow(name="campaign-worlds", flow_run_name="{params.preset}-{world_seeds}-worlds")

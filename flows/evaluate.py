@@ -26,9 +26,9 @@ from pydantic import BaseModel
 from rstar2.run import checkpoint, config, runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunLayout, RunRef
-from tasks import rl
-from tasks.run import run_context
-from tasks.world import prepare_suites
+from rstar2.tasks import rl
+from rstar2.tasks.run import run_context
+from rstar2.tasks.world import prepare_suites
 
 
 class EvalParams(BaseModel):

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from rstar2.run import config, runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunRef
-from tasks import rl, track
-from tasks.run import run_context
+from rstar2.tasks import rl, track
+from rstar2.tasks.run import run_context
 
 
 class MineParams(BaseModel):

@@ -8,8 +8,8 @@ from pydantic import BaseModel
 
 from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
-from flows.evaluate import evaluate_loaded
-from tasks import rl
+from rstar2.flows.evaluate import evaluate_loaded
+from rstar2.tasks import rl
 
 
 class StepAt(BaseModel):
@@ -23,7 +23,7 @@ class StepAt(BaseModel):
 # pydantic would re-validate the whole run config at every step
 @flow(name="rl-step", flow_run_name="{at.stage.name}-step-{at.step}", validate_parameters=False)
 def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
-    """The step's metrics and its checkpoint; the caller logs them (tasks.track.log_step)."""
+    """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step)."""
     stage, step, global_step = at.stage, at.step, at.global_step
     rolled = rl.rollout(run, cfg, stage, step, problems_uri)
     scored = rl.score(run, rolled, cfg.sandbox)

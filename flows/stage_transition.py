@@ -9,8 +9,8 @@ from pydantic import BaseModel
 from rstar2.run import runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunRef
-from flows.mine_hard import mine_hard_set
-from tasks import rl, track
+from rstar2.flows.mine_hard import mine_hard_set
+from rstar2.tasks import rl, track
 
 
 class StageStart(BaseModel):

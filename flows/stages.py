@@ -10,11 +10,11 @@ from prefect import flow
 from pydantic import BaseModel
 
 from rstar2.run import checkpoint, config, runstate
-from flows.stage_transition import stage_transition
-from flows.train_stage import train_stage
-from tasks import rl
-from tasks.run import run_context
-from tasks.world import build_world, run_sft
+from rstar2.flows.stage_transition import stage_transition
+from rstar2.flows.train_stage import train_stage
+from rstar2.tasks import rl
+from rstar2.tasks.run import run_context
+from rstar2.tasks.world import build_world, run_sft
 
 
 class RunParams(BaseModel):

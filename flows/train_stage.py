@@ -14,9 +14,9 @@ from rstar2.run import checkpoint, runstate
 from rstar2.training import transition
 from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
-from flows.rl_step import StepAt, rl_step
-from flows.stage_transition import StageStart
-from tasks import costs, track
+from rstar2.flows.rl_step import StepAt, rl_step
+from rstar2.flows.stage_transition import StageStart
+from rstar2.tasks import costs, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")

@@ -15,7 +15,7 @@ from rstar2.run import tracking
 from rstar2.training import device as dev
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.training.trainer import load_model
-from tasks import costs
+from rstar2.tasks import costs
 
 
 class EntropySettings(BaseModel):

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact
 from rstar2.run import preflight as checks
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunLayout
-from tasks import costs
+from rstar2.tasks import costs
 
 
 @task(name="preflight", cache_policy=None, retries=0)

@@ -9,7 +9,7 @@ from rstar2.evaluation import report
 
 from rstar2.run import tracking
 from rstar2.run.layout import RunRef
-from tasks import costs
+from rstar2.tasks import costs
 
 
 @task(name="campaign-report", cache_policy=None)

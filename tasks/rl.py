@@ -1,6 +1,6 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate. Each takes the
 run's reference (rstar2.run.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
-the run's Controller from the reference (tasks.run.controller)."""
+the run's Controller from the reference (rstar2.tasks.run.controller)."""
 
 import json
 from pathlib import Path
@@ -18,8 +18,8 @@ from rstar2.training import mining
 from rstar2.run.config import RunCfg, SandboxCfg, StageCfg
 from rstar2.run.layout import RunLayout, RunRef
 from rstar2.run.progress import bar
-from tasks import costs
-from tasks.run import controller
+from rstar2.tasks import costs
+from rstar2.tasks.run import controller
 
 
 class ModelRef(BaseModel):

@@ -2,7 +2,7 @@
 creates its Controller (rstar2/run/controller.py), and on the way out stops the actors and, for the run's own flow,
 closes the MLflow run FINISHED or FAILED. It yields the run's reference (rstar2.run.layout.RunRef), the one run-level
 value flows and tasks pass on; `controller` finds the run's Controller from it. The flow starts the actors
-(tasks.rl.start_actors) once it knows the model they load."""
+(rstar2.tasks.rl.start_actors) once it knows the model they load."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from rstar2.run.config import RunCfg
 from rstar2.run.controller import Controller
 from rstar2.run.layout import RunLayout, RunRef, WorldPaths
-from tasks import track
-from tasks.world import build_world
+from rstar2.tasks import track
+from rstar2.tasks.world import build_world
 
 # the Controllers of the runs this driver process has open, by controller id: actor handles cannot travel as task
 # parameters, so tasks look them up from the run reference they are given
@@ -24,7 +24,7 @@ def controller(run: RunRef) -> Controller:
     ctl = _OPEN.get(run.controller_id)
     if ctl is None:
         raise RuntimeError(f"no open run with controller {run.controller_id!r} in this process: a task that drives "
-                           "engines runs inside the flow that opened its run (tasks.run.run_context)")
+                           "engines runs inside the flow that opened its run (rstar2.tasks.run.run_context)")
     return ctl
 
 
@@ -33,7 +33,7 @@ def run_context(cfg: RunCfg, layout: RunLayout, controller_id: str, tags: dict, 
                 with_world: bool = True, **open_run) -> Iterator[RunRef]:
     """`controller_id`: the Controller's run id, i.e. its actors' name prefix (a flow that may run beside the
     campaign, such as a triggered evaluation, takes one of its own). `tags`: the MLflow run's tags if it is new;
-    `open_run`: more of tasks.track.RunSpec's fields. `owns_run`: this flow is the run's campaign, so it ends the
+    `open_run`: more of rstar2.tasks.track.RunSpec's fields. `owns_run`: this flow is the run's campaign, so it ends the
     MLflow run. `with_world` off: no world is built, for a flow that needs none (evaluating a given model on
     eval.suites)."""
     if controller_id in _OPEN:

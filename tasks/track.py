@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from rstar2.evaluation import health
 
 from rstar2.run import tracking
-from tasks import costs
+from rstar2.tasks import costs
 
 
 class RunSpec(BaseModel):

@@ -7,7 +7,7 @@ from prefect import get_run_logger, task
 from rstar2.training import sft
 from rstar2.run.config import RunCfg
 from rstar2.world import build
-from tasks import costs
+from rstar2.tasks import costs
 
 
 @task(name="build-world", cache_policy=None, retries=0)

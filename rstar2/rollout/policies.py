@@ -11,7 +11,7 @@ read (engines' KV load and room, trajectories' state) are rstar2.rollout.schedul
                   an engine admits while its reservations fit factor x its KV capacity, the factor adapts to the
                   engine's measured KV usage and preemptions, and the queue head goes to the most headroom
 
-The clairvoyant oracles (every final length known) are policies of the simulator (bench.rollout_sim). A policy
+The clairvoyant oracles (every final length known) are policies of the simulator (rstar2.bench.rollout_sim). A policy
 gets a read-only view of the books as `s` (rstar2.rollout.scheduler.PolicyView) and changes nothing itself: it returns
 its decisions (`Placement`, `Refused`, `Margin`, a new factor), which the scheduler applies to its books.
 """
@@ -53,7 +53,7 @@ class TrajQueue:
     """The global queue of late-binding policies. Trajectories requeued after an engine failure come first.
 
     FIFO for least_requests. For kv_aware, an approximation of longest-first (what a clairvoyant scheduler does)
-    from what is observable: rollouts of one prompt have correlated lengths (measured: `bench.rollout_sim.icc`), so
+    from what is observable: rollouts of one prompt have correlated lengths (measured: `rstar2.bench.rollout_sim.icc`), so
     a queued rollout is ranked by how long its started siblings are so far (mean current length; finished ones at
     their final length). Each prompt first gets `probes` rollouts started, interleaved over prompts, so that
     every prompt has siblings to learn from."""
@@ -347,5 +347,5 @@ class KvAware(Policy):
         return None
 
 
-# SchedulerCfg.policy names -> policies (the simulator adds its oracles: bench.rollout_sim.ORACLES)
+# SchedulerCfg.policy names -> policies (the simulator adds its oracles: rstar2.bench.rollout_sim.ORACLES)
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Static, RoundRobin, LeastRequests, KvAware)}

@@ -5,7 +5,7 @@ Pure logic: no clock, no I/O, no asyncio. `Scheduler` keeps the books: each engi
 vLLM's last stats, each trajectory's state. Its policy (rstar2.rollout.policies, by SchedulerCfg.policy) owns the queue and
 decides placement: it reads the books through a read-only `PolicyView` and returns its decisions (placements, the
 admission margin, an engine's new factor), which the scheduler applies. `SchedulerSession` is the protocol, in the
-one order that both the agent loop (rstar2.rollout.agent_loop) and the simulator (bench.rollout_sim) follow:
+one order that both the agent loop (rstar2.rollout.agent_loop) and the simulator (rstar2.bench.rollout_sim) follow:
 
     submit(...) every trajectory  ->  placements(now): which queued ones start on which engine, to be sent now
     turn_done(...) as each turn ends (with the engine's stats), tool_done(...) as each tool reply comes in

@@ -1,6 +1,6 @@
 """The controller: the one object in the driver (the Prefect flow process) that owns a run's Ray actors (the vLLM
 engines and the trainer), its sandbox (rstar2.sandbox.backends: a service in this process, servers, a Ray actor
-group or a container), kv_aware's length estimator and weight sync. tasks.run.run_context creates it for a flow's
+group or a container), kv_aware's length estimator and weight sync. rstar2.tasks.run.run_context creates it for a flow's
 run, and tasks find it from the run reference they are given; tasks call its methods and never Ray.
 
 Actors are named `<run_id>-engine-<i>` and `<run_id>-trainer` (so they are found in the Ray dashboard, and a second
@@ -41,7 +41,7 @@ class Controller:
     `restore`, `reset_optimizer`, `restart_trainer`. Sandbox: `sandbox` and `verifier` (started on first use, its
     warm executors shared by every rollout and reward check of the run, closed at `stop`). `estimator` is
     kv_aware's length model, carried from step to step of the run (a resumed run starts again from the prior).
-    It never travels as a flow or task parameter: tasks find it from the run reference (tasks.run.controller)."""
+    It never travels as a flow or task parameter: tasks find it from the run reference (rstar2.tasks.run.controller)."""
 
     def __init__(self, run_id: str):
         self.run_id = run_id

@@ -13,7 +13,7 @@
 `top/seed-<rl_seed>` with several (world, SFT model and SFT evaluation stay shared at the top).
 
 `RunRef` is what every flow and task knows of its run: its layout, its world's files, its MLflow ids and the name of
-the Controller that owns its actors (tasks.run.controller finds it in the driver). It is small and JSON-serialisable,
+the Controller that owns its actors (rstar2.tasks.run.controller finds it in the driver). It is small and JSON-serialisable,
 so Prefect records it as a parameter and draws the edges between the tasks that use it.
 """
 
@@ -192,7 +192,7 @@ class RunRef(BaseModel):
     world: WorldPaths | None  # None: a flow that needs no world (a model evaluated on eval.suites only)
     experiment_id: str
     mlflow_run_id: str  # the MLflow run this flow's figures go to (the campaign's, a seed's, an evaluation's)
-    controller_id: str  # the name prefix of the run's actors: tasks.run.controller finds its Controller
+    controller_id: str  # the name prefix of the run's actors: rstar2.tasks.run.controller finds its Controller
 
     def for_seed(self, rl_seed: int, seeds: int, mlflow_run_id: str) -> "RunRef":
         return self.model_copy(update={"layout": self.layout.for_seed(rl_seed, seeds), "mlflow_run_id": mlflow_run_id})

@@ -41,7 +41,7 @@ def model(request) -> Path:
 
 
 def test_an_exported_model_loads_in_vllm_and_generates(model, tmp_path):
-    from cli.main import app
+    from rstar2.cli.main import app
 
     res = CliRunner().invoke(app, ["export", "--checkpoint", str(model), "--out", str(tmp_path / "hf")])
     assert res.exit_code == 0, res.output
@@ -58,7 +58,7 @@ def test_an_exported_model_loads_in_vllm_and_generates(model, tmp_path):
 
 
 def test_solve_prints_one_trajectory_turn_by_turn_with_its_reward(model, tmp_path):
-    from cli.main import app
+    from rstar2.cli.main import app
 
     out = tmp_path / "traj.json"
     res = CliRunner().invoke(app, ["solve", "--checkpoint", str(model), "--answer", "42", "--json", str(out), *SOLVE,

@@ -35,7 +35,7 @@ def recorder(out, calls: list):
 
 
 def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path, monkeypatch):
-    from flows import ablation as flow
+    from rstar2.flows import ablation as flow
 
     out = tmp_path / "runs"
     calls = []
@@ -70,7 +70,7 @@ def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path
 
 def test_with_sft_off_no_variant_is_handed_a_sft_model_that_does_not_exist(tmp_path, monkeypatch):
     """Each variant then starts RL from its own world's initial model (runstate.sft_model), not `<first run>/sft`."""
-    from flows import ablation as flow
+    from rstar2.flows import ablation as flow
 
     out, calls = tmp_path / "runs", []
     monkeypatch.setattr(flow, "campaign", recorder(out, calls))

@@ -31,7 +31,7 @@ def _model_dir(path: Path, seed: int) -> str:
 
 
 def test_analyze_entropy_compares_the_start_of_rl_with_its_end(tmp_path, monkeypatch):
-    from flows.analyze_entropy import EntropyParams, analyze_entropy
+    from rstar2.flows.analyze_entropy import EntropyParams, analyze_entropy
 
     monkeypatch.chdir(tmp_path)  # the preset's out_dir "runs" is relative
     run = tmp_path / "runs" / "r"
@@ -68,7 +68,7 @@ def test_analyze_entropy_compares_the_start_of_rl_with_its_end(tmp_path, monkeyp
 
 
 def test_a_run_without_rollouts_or_config_is_refused_with_one_clear_error(tmp_path, monkeypatch):
-    from flows.analyze_entropy import EntropyParams, last_rollouts, run_paths
+    from rstar2.flows.analyze_entropy import EntropyParams, last_rollouts, run_paths
     from rstar2.run.layout import RunLayout
 
     monkeypatch.chdir(tmp_path)

@@ -30,7 +30,7 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
 
 @pytest.fixture(scope="module")
 def campaign_run(tmp_path_factory):
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     out = tmp_path_factory.mktemp("runs")
     overrides = SMOKE + [f"out_dir={out}"]
@@ -110,7 +110,7 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
 
 
 def test_the_evaluate_deployment_flow_scores_a_checkpoint_on_its_own(campaign_run):
-    from flows.evaluate import EvalParams, evaluate
+    from rstar2.flows.evaluate import EvalParams, evaluate
 
     summary, run_dir, overrides = campaign_run
     ckpt = str(run_dir / "checkpoints" / "stage1-short" / "step-0001")
@@ -146,7 +146,7 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
 
 
 def test_the_ablation_compares_variants_from_one_sft_model_in_mlflow(campaign_run):
-    from flows.ablation import AblationParams, ablation
+    from rstar2.flows.ablation import AblationParams, ablation
 
     _, run_dir, overrides = campaign_run
     one_step = [o for o in overrides if not o.startswith(("stages.", "mining."))] + [

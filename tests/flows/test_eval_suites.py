@@ -27,7 +27,7 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
-    from flows.evaluate import EvalParams, evaluate
+    from rstar2.flows.evaluate import EvalParams, evaluate
 
     build.build(config.load("tiny", WORLD), tmp_path / "world")
     model = str(tmp_path / "world" / "init_model")

@@ -11,7 +11,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
-from flows.evaluate import EvalParams, campaign_running, evaluate
+from rstar2.flows.evaluate import EvalParams, campaign_running, evaluate
 from rstar2.run import checkpoint, config, runstate
 from rstar2.run.layout import RunLayout
 

@@ -25,7 +25,7 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
 
 def _campaign(out: Path, log: Path) -> subprocess.Popen:
     sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "campaign", "--preset", "tiny", "--run-name", "kr",
+    return subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "kr",
                              *sets], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

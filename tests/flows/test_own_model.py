@@ -71,8 +71,8 @@ def transcripts() -> list[dict]:
 
 
 def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_model_dir):
-    from cli.main import app
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.cli.main import app
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     runs = tmp_path / "runs"
     suites = (f"eval.suites=[{{name: aime, path: {_jsonl(tmp_path / 'aime.jsonl', AIME)}, answer_type: integer}}, "

@@ -15,7 +15,7 @@ LONG = "Count the words: " + "seven " * 600  # ~1,000+ tokens for the tiny world
 
 
 def test_the_campaign_drops_and_counts_overlong_prompts_first_and_runs_to_the_end(tmp_path):
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     train = tmp_path / "train.parquet"
     pl.DataFrame({"problem_id": ["ok-0", "zz-long", "ok-1"], "prompt": ["What is 2 + 3?", LONG, "Compute 12 * 4."],

@@ -22,7 +22,7 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     out = tmp_path_factory.mktemp("runs")
     params = CampaignParams(preset="tiny", overrides=SMOKE + [f"out_dir={out}"], run_name="seeds", seeds=2)
@@ -92,7 +92,7 @@ def test_mlflow_nests_campaign_seed_and_stage_runs(seeded):
 
 
 def test_running_it_again_redoes_no_finished_seed(seeded):
-    from flows.campaign import campaign
+    from rstar2.flows.campaign import campaign
 
     summary, params = seeded
     run = Path(summary["run_dir"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from cli.services import stop_tree, tree, wait_http
+from rstar2.cli.services import stop_tree, tree, wait_http
 from rstar2.rollout import cluster
 from rstar2.run import checkpoint
 from tests.ports import free_port
@@ -68,7 +68,7 @@ def two_nodes(tmp_path, monkeypatch):
                    temp / "head", tmp_path / "head.log")]
     try:
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "sandbox", "serve", "--port", str(sandbox_port), "--slots", "2"],
+            [sys.executable, "-m", "rstar2.cli.main", "sandbox", "serve", "--port", str(sandbox_port), "--slots", "2"],
             cwd=ROOT, stdout=(tmp_path / "sandbox.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True))
         _wait(lambda: _listening(gcs), "the head's GCS", procs)
         procs.append(_node(["--address", address, "--resources", json.dumps({"trainer": 1})], temp / "node2",
@@ -87,7 +87,7 @@ def two_nodes(tmp_path, monkeypatch):
 
 
 def test_engines_on_one_node_trainer_on_the_other(two_nodes, tmp_path):
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.flows.campaign import CampaignParams, campaign
     from ray.util.state import list_actors
 
     _, url = two_nodes

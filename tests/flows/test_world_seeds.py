@@ -19,8 +19,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
-    from flows.campaign import CampaignParams
-    from flows.campaign_worlds import campaign_worlds
+    from rstar2.flows.campaign import CampaignParams
+    from rstar2.flows.campaign_worlds import campaign_worlds
 
     out = tmp_path_factory.mktemp("runs")
     return campaign_worlds(CampaignParams(preset="tiny", overrides=SMOKE + [f"out_dir={out}"], run_name="w"), 2)

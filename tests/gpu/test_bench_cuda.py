@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_bench_trainer_on_cuda_against_trl(tmp_path, figures):
-    from cli.main import app
+    from rstar2.cli.main import app
 
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(app, ["bench", "trainer", "--device", "cuda", "--dtype", "bfloat16", "--steps", "3",

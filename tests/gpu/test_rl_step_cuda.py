@@ -30,8 +30,8 @@ def prefect_harness():
 
 
 def test_one_rl_step_on_a_cuda_engine_and_a_deepspeed_trainer(tmp_path, qwen06b, figures):
-    from cli.main import app
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.cli.main import app
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     runs, train = tmp_path / "runs", tmp_path / "train.parquet"
     suite = f"eval.suites=[{{name: aime, path: {_jsonl(tmp_path / 'aime.jsonl', AIME)}, answer_type: integer}}]"

@@ -17,7 +17,7 @@ import mlflow
 import psutil
 import pytest
 
-from cli import services
+from rstar2.cli import services
 from rstar2.run import config
 from tests.ports import free_port
 
@@ -50,7 +50,7 @@ class Serve:
                     "PREFECT_API_URL": f"http://127.0.0.1:{self.pp}/api",
                     "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{self.mp}"}
         self.log = (home / f"serve-{self.pp}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--prefect-port", str(self.pp),
+        self.proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "serve", "--prefect-port", str(self.pp),
                                       "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])

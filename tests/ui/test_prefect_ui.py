@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import services
+from rstar2.cli import services
 
 pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def server(tmp_path_factory, free_port):
         services.register_deployments(env)
         out = tmp_path_factory.mktemp("runs")
         sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
-        subprocess.run([sys.executable, "-m", "cli.main", "campaign", "--preset", "tiny", "--run-name", "ui", *sets],
+        subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "ui", *sets],
                        env=env, cwd=ROOT, check=True, timeout=1200)
         yield f"http://127.0.0.1:{port}", env
     finally:

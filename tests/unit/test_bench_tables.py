@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from cli.tables import rollout_real_table
+from rstar2.cli.tables import rollout_real_table
 
 
 def test_real_bench_table_shows_each_policys_figures_on_one_line():
@@ -34,7 +34,7 @@ def test_real_bench_table_shows_each_policys_figures_on_one_line():
 def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
     """kv_aware's makespan over each other policy's in the same round (load changes between rounds cancel): the
     median, range and the rounds kv_aware was faster; none for kv_aware itself."""
-    from bench.rollout_real import ROLES, _summarize
+    from rstar2.bench.rollout_real import ROLES, _summarize
 
     spans = {0: {"kv_aware": 3.0, "round_robin": 2.5}, 1: {"kv_aware": 2.0, "round_robin": 2.5},
              2: {"kv_aware": 3.3, "round_robin": 3.0}}
@@ -52,7 +52,7 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
     from rstar2.evaluation import report
-    from cli.tables import ablation_tables, campaign_table
+    from rstar2.cli.tables import ablation_tables, campaign_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
     seeds = [{"rl_seed": i, "steps": 2, "pass1": v, "pass1_se": 0.02, "pass_at_1": v, "pass_at_2": v + 0.1}
@@ -76,7 +76,7 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
 
 def test_worlds_table_and_the_ablations_paired_conclusion():
     from rstar2.evaluation import report
-    from cli.tables import ablation_conclusions, worlds_table
+    from rstar2.cli.tables import ablation_conclusions, worlds_table
 
     sft = {"pass1": 0.40, "pass1_se": 0.03}
     worlds = {w: report.seed_aggregate({**sft, "pass1": 0.40 - 0.1 * w},

@@ -1,7 +1,7 @@
 """`rstar2 bench trainer`'s memory window is opened and read on the bench's own device: with --device cuda the base
 and the peak are the GPU allocator's (a CPU RSS base under a GPU peak made `update MB` meaningless)."""
 
-from bench import trainer as bench_trainer
+from rstar2.bench import trainer as bench_trainer
 from rstar2.training import device
 def test_memory_window_uses_the_bench_device(monkeypatch):
     seen = []

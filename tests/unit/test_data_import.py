@@ -128,7 +128,7 @@ def test_schema_validate_names_the_file():
 def test_cli_writes_the_table_the_report_and_logs_the_dataset_to_mlflow(tmp_path):
     import mlflow
 
-    from cli.main import app
+    from rstar2.cli.main import app
 
     suite = _jsonl(tmp_path / "aime24.jsonl", [{"Problem": AIME, "Answer": 480}])
     src = _jsonl(tmp_path / "mixed.jsonl", ROWS)

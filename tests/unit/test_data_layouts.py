@@ -50,7 +50,7 @@ def _verl(i, user: str, truth: str, source: str = "openai/gsm8k") -> dict:
 def _import(runs: Path, src: Path, *args: str, code: int = 0, suites: str | None = None) -> tuple[str, dict]:
     """`rstar2 data import src` (out: next to src); its output and its --json report, checked for the exit code, no
     traceback, and the invariant that every row read is written or counted under one reason."""
-    from cli.main import app
+    from rstar2.cli.main import app
 
     report = src.with_suffix(".report.json")
     sets = [f"out_dir={runs}"] + ([f"eval.suites=[{suites}]"] if suites else [])

@@ -121,8 +121,8 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
     1-9, then step 10 runs) recomputes the same tags."""
     from rstar2.run import tracking
-    from tasks import costs
-    from tasks.track import log_step
+    from rstar2.tasks import costs
+    from rstar2.tasks.track import log_step
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     exp = tracking.setup("health", str(tmp_path))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import costs
+from rstar2.tasks import costs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -65,7 +65,7 @@ def test_the_paper_preset_on_too_few_gpus_does_not_fit():
 
 
 def test_an_impossible_run_is_refused_before_any_actor_starts(tmp_path, monkeypatch):
-    from flows.campaign import CampaignParams, campaign
+    from rstar2.flows.campaign import CampaignParams, campaign
     from rstar2.rollout import cluster
     joined, ray_before = [], ray.is_initialized()
     monkeypatch.setattr(cluster, "init", lambda: joined.append(True))  # where every Ray start goes through
@@ -79,7 +79,7 @@ def test_an_impossible_run_is_refused_before_any_actor_starts(tmp_path, monkeypa
 def test_plan_command_exit_codes(tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from rstar2.cli.main import app
 
     ok = CliRunner().invoke(app, ["plan", "--preset", "gpu-1x80g", "--json", str(tmp_path / "p.json")])
     assert ok.exit_code == 0, ok.output

@@ -155,7 +155,7 @@ def _own_model_world(tmp_path: Path, model: str, questions: list[str]) -> list[s
 
 
 def test_check_command_takes_the_models_context_drops_and_counts_and_writes_json(tmp_path, qwen_model_dir):
-    from cli.main import app
+    from rstar2.cli.main import app
 
     questions = ["What is 2 + 3?", "Compute 12 * 34.", "seven " * 3000]  # the last cannot fit 2,048 tokens
     args = ["check", "--json", str(tmp_path / "check.json")]
@@ -176,7 +176,7 @@ def test_check_command_takes_the_models_context_drops_and_counts_and_writes_json
 
 
 def test_check_command_exits_1_when_the_run_cannot_start(tmp_path, qwen_model_dir):
-    from cli.main import app
+    from rstar2.cli.main import app
 
     base = _own_model_world(tmp_path, str(qwen_model_dir), ["What is 2 + 3?"])
     for bad, failed in ((["world.max_positions=4096"], "context"),  # beyond the model's 2,048

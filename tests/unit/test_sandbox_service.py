@@ -12,7 +12,7 @@ import time
 import pytest
 import uvicorn
 
-from bench.sandbox import _soak_request
+from rstar2.bench.sandbox import _soak_request
 from rstar2.sandbox import ExecRequest, QueueFull, SandboxLimits, SandboxUnavailable
 from rstar2.sandbox.client import BatchingClient, HttpTransport, SyncSandbox, TransientError
 from rstar2.sandbox.docker_backend import DockerService, container_spec

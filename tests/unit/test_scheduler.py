@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rstar2.run.config import SchedulerCfg
-from bench.rollout_sim import SIM_POLICIES, STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
+from rstar2.bench.rollout_sim import SIM_POLICIES, STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.scheduler import END, TOOL, TURN, Scheduler, SchedulerError, SchedulerSession
 
@@ -102,7 +102,7 @@ def test_second_release_and_unknown_are_errors():
     with pytest.raises(ValueError, match="unknown scheduling policy"):
         Scheduler([1000], CFG, "fastest")
     with pytest.raises(ValueError, match="unknown scheduling policy"):
-        Scheduler([1000], CFG, "oracle")  # the clairvoyant ones are the simulator's (bench.rollout_sim)
+        Scheduler([1000], CFG, "oracle")  # the clairvoyant ones are the simulator's (rstar2.bench.rollout_sim)
 
 
 def test_error_and_cancel_release_the_reservation():
@@ -345,7 +345,7 @@ def test_simulated_vllm_preempts_by_priority_or_newest():
     """The simulated engine's overflow victim: FCFS preempts the sequence admitted last (vLLM V1's default),
     priority scheduling the largest (priority, admission order), which goes back to the waiting queue in priority
     order, not to its front."""
-    from bench.rollout_sim import SimEngine, _Req
+    from rstar2.bench.rollout_sim import SimEngine, _Req
 
     def overflowing(by_priority: bool) -> SimEngine:
         en = SimEngine(Hardware(capacity=400), by_priority)
@@ -370,7 +370,7 @@ def test_simulated_vllm_reports_usage_as_vllm_does():
     """The simulated engine tells the scheduler what vLLM's stats would: a sequence waiting on a tool keeps its KV
     only as evictable prefix cache, which vLLM's block pool counts as free, so usage drops when its turn ends; its
     cache still takes room (an admission must evict it first)."""
-    from bench.rollout_sim import SimEngine, _Req
+    from rstar2.bench.rollout_sim import SimEngine, _Req
 
     en = SimEngine(Hardware(capacity=1000))
     en.submit(_Req(0, 0, 100, 100, 0, 50))

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from cli import services
+from rstar2.cli import services
 
 
 def test_a_taken_port_names_the_process_holding_it():

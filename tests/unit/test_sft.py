@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from cli.main import app
+from rstar2.cli.main import app
 from rstar2.run import checkpoint
 from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat, prompt_messages

@@ -96,7 +96,7 @@ def test_figures_per_suite_with_the_chosen_k():
 def test_evaluate_refuses_a_directory_that_is_not_a_model(tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from rstar2.cli.main import app
 
     res = CliRunner().invoke(app, ["evaluate", "--model", str(tmp_path), "--set", f"out_dir={tmp_path}"])
     assert res.exit_code == 2 and "is not a Hugging Face model directory (it has no config.json)" in res.output

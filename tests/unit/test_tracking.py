@@ -61,9 +61,9 @@ def test_a_table_is_logged_once(tmp_path, monkeypatch):
 
 
 def test_ending_ends_the_run_as_the_block_ends(monkeypatch):
-    """tasks.track.ending: FINISHED when the block ends, FAILED when it raises (re-raised), nothing when the run is
+    """rstar2.tasks.track.ending: FINISHED when the block ends, FAILED when it raises (re-raised), nothing when the run is
     another flow's."""
-    from tasks import track
+    from rstar2.tasks import track
 
     ended = []
     monkeypatch.setattr(track, "end_run", lambda run_id, status="FINISHED": ended.append((run_id, status)))
