@@ -197,16 +197,6 @@ def test_stop_releases_every_actor(fake_ray):
     ctl.stop()  # twice is fine (a flow's finally after a failed start)
 
 
-def test_prefect_records_a_controller_parameter_as_its_identity(fake_ray):
-    """Prefect stores flow parameters through FastAPI's jsonable_encoder: the identity, not the handles."""
-    from fastapi.encoders import jsonable_encoder
-
-    ctl = Controller("run")
-    ctl.start(_cfg(), "/m/sft")
-    assert jsonable_encoder(ctl) == {"run_id": "run", "engines": ["run-engine-0", "run-engine-1"],
-                                     "trainer": "run-trainer"}
-
-
 def test_colocated_engines_sleep_around_the_update_and_stop_frees_the_groups(fake_ray, monkeypatch):
     monkeypatch.setattr(controller, "sleep_mode_available", lambda: True)
     ctl = Controller("run")

@@ -64,6 +64,8 @@ def test_each_floor_imports_only_the_floors_below():
     for mod, deps in _graph().items():
         floor = _floor(mod)
         for dep in deps:
+            if dep.split(".")[0] in APPS:  # importable from a checkout's root, absent from an install
+                bad.append(f"{mod} imports {dep} by its folder's name (rstar2.{dep})")
             top = _floor(dep)
             if (top in ALLOWED and top not in ALLOWED[floor]) or top in FORBIDDEN_THIRD_PARTY.get(floor, ()):
                 bad.append(f"{mod} imports {dep}")
