@@ -136,8 +136,7 @@ class RunLayout(BaseModel):
         if not (p.name.startswith(STEP_PREFIX) and p.parent.parent.name == "checkpoints"):
             raise ValueError(f"{p} is not an RL checkpoint of a run (<run>/checkpoints/<stage>/{STEP_PREFIX}N)")
         root = p.parent.parent.parent
-        top = root.parent if root.name.startswith(SEED_PREFIX) and (root.parent / "config.json").is_file() else root
-        return RunLayout(top=top, root=root)
+        return RunLayout(top=RunLayout.top_of(root), root=root)
 
     @staticmethod
     def config_of(model_dir: str | Path) -> Path | None:
