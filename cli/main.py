@@ -278,9 +278,10 @@ def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat t
     except (ValueError, FileExistsError) as e:  # a model the pipeline cannot run, bad transcripts, an existing --out
         fail(e)
     table = Table(title=f"rstar2 sft -> {out}")
-    for col in ("steps", "final loss", "tokens/s", "wall s"):
+    for col in ("steps", "cycles: final loss", "tokens/s", "wall s"):
         table.add_column(col)
-    table.add_row(str(res["steps"]), f"{res['final_loss']:.3f}", f"{res['tokens_per_s']:.0f}", f"{res['wall_s']:.1f}")
+    table.add_row(str(res["steps"]), ", ".join(f"{x:.3f}" for x in res["cycle_losses"]), f"{res['tokens_per_s']:.0f}",
+                  f"{res['wall_s']:.1f}")
     console.print(table)
     _write_json(json_path, res)
 

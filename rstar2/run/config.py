@@ -70,6 +70,10 @@ class SFTCfg(_Cfg):
     lr: float = 2e-3
     batch_tokens: int = 4096
     warmup_frac: float = 0.04
+    # An SFT whose loss ends above target_loss trains another cycle: a fresh schedule and optimizer from the model the
+    # last cycle made, its batches in another order, up to max_cycles in all (None: one cycle of `epochs`)
+    target_loss: float | None = None
+    max_cycles: int = Field(1, ge=1)
 
 
 class RolloutCfg(_Cfg):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +32,7 @@ class SFTResult:
     final_loss: float
     tokens_per_s: float
     wall_s: float
+    cycle_losses: list[float] = field(default_factory=list)  # each cycle's final loss (train_with)
 
 
 def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[list[int]], list[list[int]]]:
@@ -109,11 +110,23 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
 
 def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
                on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
-    """`train` with a run's settings: sft.*, the run's seed, the trainer's device and dtype."""
-    s = cfg.sft
-    return train(Path(model_dir), Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
-                 warmup_frac=s.warmup_frac, seed=cfg.seed, packed=s.packed, device=cfg.trainer.device,
-                 dtype=cfg.trainer.dtype, on_progress=on_progress)
+    """`train` with a run's settings: sft.*, the run's seed, the trainer's device and dtype; in cycles while the loss
+    ends above sft.target_loss (up to sft.max_cycles), cycle c from the model cycle c-1 saved, its batches in the order
+    of seed + c. How long a skill takes to form is a draw of the data and the host: a cycle budget in epochs alone
+    leaves some draws without it (docs/findings.md, "Over world seeds")."""
+    s, src, cycles = cfg.sft, Path(model_dir), []
+    while True:
+        res = train(src, Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
+                    warmup_frac=s.warmup_frac, seed=cfg.seed + len(cycles), packed=s.packed,
+                    device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=on_progress)
+        cycles.append(res)
+        if s.target_loss is None or res.final_loss <= s.target_loss or len(cycles) == s.max_cycles:
+            break
+        src = Path(out_dir)  # the next cycle starts from the model this one saved
+    wall = sum(r.wall_s for r in cycles)
+    return SFTResult(steps=sum(r.steps for r in cycles), final_loss=res.final_loss,
+                     tokens_per_s=sum(r.tokens_per_s * r.wall_s for r in cycles) / wall if wall else 0.0,
+                     wall_s=wall, cycle_losses=[r.final_loss for r in cycles])
 
 
 def _pad_id(tok) -> int:
