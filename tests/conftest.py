@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -18,3 +19,16 @@ def qwen_model_dir(tmp_path_factory) -> Path:
     from tests.fixtures.qwen import make_qwen_model
 
     return make_qwen_model(tmp_path_factory.mktemp("qwen"))
+
+
+# Tests that need what a plain machine lacks (a browser, a container engine, a GPU) run only when the -m expression
+# names their marker (their own dev.sh commands do), so any other -m, such as the fast tier's "not e2e", leaves them out
+OPT_IN = ("ui", "docker", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    named = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
+    kept = [item for item in items if not any(item.get_closest_marker(m) and m not in named for m in OPT_IN)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept

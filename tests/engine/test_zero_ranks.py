@@ -1,6 +1,7 @@
-"""The multi-rank DeepSpeed trainer on CPU (rstar2/training/deepspeed_backend.py): two rank actors under ZeRO-2 and ZeRO-3
-make the same updates as one plain-torch process on the same recorded batches (several micro-batches each), and a save -> restore -> next update is
-bit-identical to never having stopped. The first run JIT-compiles DeepSpeed's shm comm op (~1 min, cached)."""
+"""The multi-rank DeepSpeed trainer on CPU (rstar2/training/deepspeed_backend.py): two rank actors under ZeRO-2 and
+ZeRO-3 make the same updates as one plain-torch process on the same recorded batches (several micro-batches each), and a
+save -> restore -> next update is bit-identical to never having stopped. The first run JIT-compiles DeepSpeed's shm comm
+op (~1 min, cached)."""
 
 import os
 
@@ -92,12 +93,14 @@ def test_two_ranks_match_one_and_resume_bit_identical(tiny_model, ray_up, tmp_pa
 @pytest.fixture()
 def in_process_deepspeed():
     """A DeepSpeed trainer built in this process (not in a rank actor) leaves process-wide state behind:
-    torch.distributed's process group and the rank environment. Later tests in this process must not inherit them."""
+    torch.distributed's process group and the rank environment. Later tests in this process must not inherit them.
+    A group that was there before (an in-process vLLM engine of an earlier test owns one) is left alone: destroyed
+    under it, the engine's own teardown at exit fails ("Invalid process group specified")."""
     import torch.distributed as dist
 
-    env = dict(os.environ)
+    env, owned = dict(os.environ), not dist.is_initialized()
     yield
-    if dist.is_initialized():
+    if owned and dist.is_initialized():
         dist.destroy_process_group()
     os.environ.clear()
     os.environ.update(env)

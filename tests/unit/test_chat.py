@@ -3,6 +3,7 @@ it (byte for byte), a Qwen-style template gives Hermes markers and `<|im_end|>` 
 only what the assistant writes, and a template the agent loop cannot use is refused with one clear error."""
 
 import json
+import shutil
 
 import pytest
 
@@ -92,9 +93,21 @@ def test_sft_trains_on_exactly_the_assistants_tokens(qwen_model_dir):
     assert "<|im_start|>" not in trained and "<tool_response>" not in trained
 
 
-def _saved(tmp_path, name, template):
+@pytest.fixture(scope="module")
+def bare_qwen(tmp_path_factory):
+    """Qwen's tokenizer saved once with no chat template; each test copies it and adds its own."""
+    d = tmp_path_factory.mktemp("qwen-tokenizer")
+    make_tokenizer(None).save_pretrained(str(d))
+    return d
+
+
+def _saved(bare, tmp_path, name, template):
+    """A model directory of Qwen's tokenizer whose chat template is `template` (None: none), as save_pretrained
+    writes it (chat_template.jinja beside the tokenizer)."""
     d = tmp_path / name
-    make_tokenizer(template).save_pretrained(str(d))
+    shutil.copytree(bare, d)
+    if template is not None:
+        (d / "chat_template.jinja").write_text(template)
     return d
 
 
@@ -115,19 +128,19 @@ NO_END_OF_TURN = CALLS_NO_REPLY.replace("<|im_end|>", "\n\n")
     (CALLS_NO_REPLY, "renders no tool response"),
     (NO_END_OF_TURN, "end-of-turn token"),
 ], ids=["no template", "no tools", "no tool call", "no tool reply", "no end of turn"])
-def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(tmp_path, template, missing):
-    d = _saved(tmp_path, "my-model", template)
+def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(bare_qwen, tmp_path, template, missing):
+    d = _saved(bare_qwen, tmp_path, "my-model", template)
     with pytest.raises(ChatTemplateError, match=missing) as e:
         ChatFormat.load(d)
     assert str(e.value).startswith(f"{d}: ")
     assert isinstance(e.value, ValueError) and json.dumps(str(e.value)).count("\\n") == 0  # one line
 
 
-def test_a_run_refuses_such_a_model_before_any_actor_starts(tmp_path, monkeypatch):
+def test_a_run_refuses_such_a_model_before_any_actor_starts(bare_qwen, tmp_path, monkeypatch):
     from rstar2.rollout import cluster
     from rstar2.run import config
     from rstar2.run.controller import Controller
 
     monkeypatch.setattr(cluster, "init", lambda: pytest.fail("Ray was started for a model that cannot run"))
     with pytest.raises(ChatTemplateError, match="ignores `tools`"):
-        Controller("refused").start(config.load("tiny"), str(_saved(tmp_path, "plain-chat", NO_TOOLS)))
+        Controller("refused").start(config.load("tiny"), str(_saved(bare_qwen, tmp_path, "plain-chat", NO_TOOLS)))

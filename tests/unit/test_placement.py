@@ -1,6 +1,6 @@
-"""rstar2.rollout.placement on a real local Ray cluster (CPU bundles): the groups hold the expected bundles, actors started
-with an engine's or a rank's options run inside its group, a cluster without the asked resources is refused with a
-clear error, and `remove` frees the groups."""
+"""rstar2.rollout.placement on a real local Ray cluster (CPU bundles): the groups hold the expected bundles, actors
+started with an engine's or a rank's options run inside its group, a cluster without the asked resources is refused with
+a clear error, and `remove` frees the groups."""
 
 import pytest
 import ray
@@ -37,6 +37,7 @@ def test_bundles_by_role():
     assert shared is same and shared == [{"CPU": placement.CPU_SLIVER}] * 2
 
 
+@pytest.mark.e2e  # a local Ray cluster: ~30 s to start
 def test_actors_land_in_their_groups_and_stop_removes_them(local_ray):
     place = placement.reserve(_cfg(), gpu=False, name="t-sep")
     assert placement_group_table(place.engines)["bundles"] == {0: {"CPU": 0.01}, 1: {"CPU": 0.01}}
@@ -52,6 +53,7 @@ def test_actors_land_in_their_groups_and_stop_removes_them(local_ray):
     assert [placement_group_table(pg)["state"] for pg in groups] == ["REMOVED", "REMOVED"]
 
 
+@pytest.mark.e2e  # a local Ray cluster: ~30 s to start
 def test_an_evaluation_reserves_engines_only_until_a_trainer_is_added(local_ray):
     place = placement.reserve(_cfg(), gpu=False, name="t-eval", with_trainer=False)
     assert place.trainer is None and len(place.groups) == 1
@@ -60,6 +62,7 @@ def test_an_evaluation_reserves_engines_only_until_a_trainer_is_added(local_ray)
     place.remove()
 
 
+@pytest.mark.e2e  # a local Ray cluster: ~30 s to start
 def test_a_cluster_without_the_asked_resources_is_refused(local_ray):
     cfg = _cfg("placement.engine_resources={rollout: 1}")  # no node was started with --resources '{"rollout": 1}'
     with pytest.raises(RuntimeError, match="could not place the bundles"):

@@ -1,6 +1,6 @@
-"""`rstar2 sft` on any chat model: transcripts in the common messages layout (rstar2.training.transcripts), rendered with the
-model's own template, a few steps on the Qwen-shaped fixture, bucketed or packed, and a loadable model directory out.
-Bad input is one clear error naming the file and line."""
+"""`rstar2 sft` on any chat model: transcripts in the common messages layout (rstar2.training.transcripts), rendered
+with the model's own template, a few steps on the Qwen-shaped fixture, bucketed or packed, and a loadable model
+directory out. Bad input is one clear error naming the file and line."""
 
 import json
 
@@ -37,6 +37,7 @@ def _sft(tmp_path, model, data, out, *sets):
                                     *[x for s in sets for x in ("--set", s)]])
 
 
+@pytest.mark.e2e  # trains a Qwen-vocabulary model through the CLI: ~20 s each
 @pytest.mark.parametrize("packed", [False, True])
 def test_rstar2_sft_trains_a_chat_model_and_writes_a_loadable_model(tmp_path, qwen_model_dir, packed):
     data, out = tmp_path / "sft.jsonl", tmp_path / "out"
