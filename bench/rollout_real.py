@@ -204,11 +204,11 @@ def _raw_generate(names: list, cfg: RunCfg, chat, problems: list[dict], samples:
 
 
 def _replay(names: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
-    """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds
-    as the loop sent them, tool replies included), chained inside the engines, each turn the step after the one
-    before ended (rstar2.rollout.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the
-    agent loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for
-    this split."""
+    """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds as the
+    loop sent them, tool replies included), chained inside the engines, each turn the step after the one before ended
+    (rstar2.rollout.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the agent
+    loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for this
+    split."""
     k = len(names)
     t0 = time.perf_counter()
     parts = ray.get([n.replay.remote(chains[i::k], cfg.rollout.temperature, cfg.rollout.top_p)

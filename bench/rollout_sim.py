@@ -1,7 +1,7 @@
 """A discrete-event simulator of one rollout step on many vLLM engines, driven through the *same*
-`rstar2.rollout.scheduler.SchedulerSession` as the real agent loop: it answers how the policies compare at the paper's scale
-(64 engines, 512 x 32 trajectories), which this machine cannot run. It adds two clairvoyant policies that know every
-trajectory's final length, as references: `oracle` (late binding, longest first, admitted while the engine's true
+`rstar2.rollout.scheduler.SchedulerSession` as the real agent loop: it answers how the policies compare at the paper's
+scale (64 engines, 512 x 32 trajectories), which this machine cannot run. It adds two clairvoyant policies that know
+every trajectory's final length, as references: `oracle` (late binding, longest first, admitted while the engine's true
 future KV fits) and `oracle_static` (longest-processing-time-first balance at t=0).
 
 Engine model (one engine = one vLLM instance), with vLLM's semantics:

@@ -219,7 +219,8 @@ def command(
     device: str = typer.Option("cpu", help="cpu or cuda"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here"),
 ):
-    """Our GRPO-RoC update vs TRL's GRPOTrainer: same model, batch, loss tokens and precision; tokens/s and peak memory."""
+    """Our GRPO-RoC update vs TRL's GRPOTrainer: same model, batch, loss tokens and precision; tokens/s and peak
+    memory."""
     from rich.console import Console
     from rich.table import Table
 

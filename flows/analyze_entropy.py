@@ -1,8 +1,8 @@
 """Entropy analysis of a run (paper §5): the policy's per-token entropy on trajectories the run sampled, before and
 after RL. The same trajectories (by default a sample of the last RL step's rollouts) go through each checkpoint's
 forward (by default the SFT model and the newest RL checkpoint); the top-entropy tokens are split into forking tokens
-(reasoning) and reflection tokens (the first tokens after a tool response), see rstar2/evaluation/entropy.py. The table and
-plots go to an MLflow run of the run's experiment (`<run>-entropy`) and a Prefect markdown artifact."""
+(reasoning) and reflection tokens (the first tokens after a tool response), see rstar2/evaluation/entropy.py. The table
+and plots go to an MLflow run of the run's experiment (`<run>-entropy`) and a Prefect markdown artifact."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent (rstar2/training/transition.py),
-resuming after the stage's last committed checkpoint, then commits the stage's end record with its decision."""
+"""One RL stage: loops the RL step flow until the stage's curve plateaus or its budget is spent
+(rstar2/training/transition.py), resuming after the stage's last committed checkpoint, then commits the stage's end
+record with its decision."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The entropy analysis (rstar2/evaluation/entropy.py) as tasks: one checkpoint's figures on a run's sampled trajectories, and
-their report in MLflow (metrics, the figures as JSON, the plots) and as a Prefect markdown artifact."""
+"""The entropy analysis (rstar2/evaluation/entropy.py) as tasks: one checkpoint's figures on a run's sampled
+trajectories, and their report in MLflow (metrics, the figures as JSON, the plots) and as a Prefect markdown
+artifact."""
 
 from __future__ import annotations
 

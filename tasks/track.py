@@ -98,14 +98,14 @@ def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
 @task(name="log-step", cache_policy=None)
 def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str],
              since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
-    """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse
-    alert (rstar2/evaluation/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
+    """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse alert
+    (rstar2/evaluation/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
     committed checkpoints on a resumed run). Stage run: the step's metrics (evaluation figures are logged with their
     checkpoint), collapse_alert 0/1, what orchestration cost the step (tasks/costs.py) and, once the alert fired, the
-    tags alert.collapse / alert.collapse_step naming the first step that fired (recomputed from the whole history
-    each time, so a resumed run sets the same ones). Campaign run: the headline figures.
-    The step's window runs from `since` (costs.mark()) to just before the stage run's write, which therefore counts
-    in the next step's; returns the step's cost figures and that mark. Orchestration itself: no work."""
+    tags alert.collapse / alert.collapse_step naming the first step that fired (recomputed from the whole history each
+    time, so a resumed run sets the same ones). Campaign run: the headline figures. The step's window runs from `since`
+    (costs.mark()) to just before the stage run's write, which therefore counts in the next step's; returns the step's
+    cost figures and that mark. Orchestration itself: no work."""
     run_id, parent_run_id = runs  # the stage's MLflow run and the campaign's (or the seed's)
     row, step = rows[-1], global_step0 + rows[-1]["step"]
     fired = health.collapse_alert(rows)

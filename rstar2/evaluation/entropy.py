@@ -8,9 +8,9 @@ The paper names no window for "right after"; here a token is a reflection token 
 model tokens of a turn that follows a tool response (default 8: the tiny world's post-tool sentence, e.g. "The code
 printed the result.", is about that long). Every other model token is reasoning (a forking token when high-entropy).
 
-Entropies come from the trainer's own forward (rstar2.training.batching: loss positions only, the same `entropy_from_logits`
-as the training metric) on trajectories a run already sampled, so two checkpoints are compared on the same tokens.
-"""
+Entropies come from the trainer's own forward (rstar2.training.batching: loss positions only, the same
+`entropy_from_logits` as the training metric) on trajectories a run already sampled, so two checkpoints are compared on
+the same tokens."""
 
 from __future__ import annotations
 

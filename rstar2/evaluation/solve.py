@@ -1,7 +1,7 @@
 """Look at a model (`rstar2 solve`): one trajectory of one problem, through the same agent loop as RL and evaluation
-(rstar2.rollout.agent_loop) on one in-process vLLM engine and the configured sandbox, and the same reward check; then split
-into its turns: the model's text before its tool call (its reasoning), the call's code and input, the tool's status
-and output, and at the end the final answer and, given the gold answer, the reward."""
+(rstar2.rollout.agent_loop) on one in-process vLLM engine and the configured sandbox, and the same reward check; then
+split into its turns: the model's text before its tool call (its reasoning), the call's code and input, the tool's
+status and output, and at the end the final answer and, given the gold answer, the reward."""
 
 from __future__ import annotations
 

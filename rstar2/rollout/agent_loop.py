@@ -2,8 +2,8 @@
 §3.2). The RL step, evaluation and hard-sample mining all roll out through it.
 
 No barrier: the scheduler (rstar2.rollout.scheduler, through a SchedulerSession) places each trajectory on one engine
-(sticky), and each trajectory's next turn goes to its engine the moment it is ready (placed, or its tool reply in);
-the engine batches whatever is in flight (continuous batching, rstar2.rollout.engine) and every turn comes back on its own.
+(sticky), and each trajectory's next turn goes to its engine the moment it is ready (placed, or its tool reply in); the
+engine batches whatever is in flight (continuous batching, rstar2.rollout.engine) and every turn comes back on its own.
 Tool calls run in a thread pool, so one trajectory's sandbox time overlaps the others' generation.
 
 Everything that completes (a turn, a tool call, an engine probe) becomes an event on one queue, handled by the

@@ -427,8 +427,8 @@ class VLLMEngine:
 
 
 class LocalClient:
-    """An in-process VLLMEngine as the agent loop sees an engine (rstar2.rollout.agent_loop.EngineClient); the Ray face of
-    the same is rstar2.rollout.cluster.EngineClient. `capacity`: the engine's KV capacity in tokens."""
+    """An in-process VLLMEngine as the agent loop sees an engine (rstar2.rollout.agent_loop.EngineClient); the Ray face
+    of the same is rstar2.rollout.cluster.EngineClient. `capacity`: the engine's KV capacity in tokens."""
 
     def __init__(self, engine: VLLMEngine, temperature: float, top_p: float, logprobs: bool):
         self.engine, self.temperature, self.top_p, self.logprobs = engine, temperature, top_p, logprobs

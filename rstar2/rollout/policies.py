@@ -52,11 +52,11 @@ class Margin:
 class TrajQueue:
     """The global queue of late-binding policies. Trajectories requeued after an engine failure come first.
 
-    FIFO for least_requests. For kv_aware, an approximation of longest-first (what a clairvoyant scheduler does)
-    from what is observable: rollouts of one prompt have correlated lengths (measured: `rstar2.bench.rollout_sim.icc`), so
-    a queued rollout is ranked by how long its started siblings are so far (mean current length; finished ones at
-    their final length). Each prompt first gets `probes` rollouts started, interleaved over prompts, so that
-    every prompt has siblings to learn from."""
+    FIFO for least_requests. For kv_aware, an approximation of longest-first (what a clairvoyant scheduler does) from
+    what is observable: rollouts of one prompt have correlated lengths (measured: `rstar2.bench.rollout_sim.icc`), so a
+    queued rollout is ranked by how long its started siblings are so far (mean current length; finished ones at their
+    final length). Each prompt first gets `probes` rollouts started, interleaved over prompts, so that every prompt has
+    siblings to learn from."""
 
     def __init__(self, by_siblings: bool, probes: int = 2):
         self.by_siblings, self.probes = by_siblings, probes

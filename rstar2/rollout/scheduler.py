@@ -2,10 +2,10 @@
 bench/rollout_sim.py compares the policies at the paper's scale).
 
 Pure logic: no clock, no I/O, no asyncio. `Scheduler` keeps the books: each engine's KV capacity, expected load and
-vLLM's last stats, each trajectory's state. Its policy (rstar2.rollout.policies, by SchedulerCfg.policy) owns the queue and
-decides placement: it reads the books through a read-only `PolicyView` and returns its decisions (placements, the
-admission margin, an engine's new factor), which the scheduler applies. `SchedulerSession` is the protocol, in the
-one order that both the agent loop (rstar2.rollout.agent_loop) and the simulator (rstar2.bench.rollout_sim) follow:
+vLLM's last stats, each trajectory's state. Its policy (rstar2.rollout.policies, by SchedulerCfg.policy) owns the queue
+and decides placement: it reads the books through a read-only `PolicyView` and returns its decisions (placements, the
+admission margin, an engine's new factor), which the scheduler applies. `SchedulerSession` is the protocol, in the one
+order that both the agent loop (rstar2.rollout.agent_loop) and the simulator (rstar2.bench.rollout_sim) follow:
 
     submit(...) every trajectory  ->  placements(now): which queued ones start on which engine, to be sent now
     turn_done(...) as each turn ends (with the engine's stats), tool_done(...) as each tool reply comes in
@@ -189,9 +189,9 @@ class PolicyView:
 class Scheduler:
     def __init__(self, capacities: list[int], cfg: SchedulerCfg, policy: str | type[Policy] | None = None,
                  estimator: LengthEstimator | None = None, block_size: int = 1):
-        """capacities: KV tokens per engine; policy: a name in rstar2.rollout.policies.POLICIES (default cfg.policy) or a
-        Policy class (the simulator's oracles); block_size: vLLM's KV block (tokens are allocated in whole blocks:
-        16 on GPUs, 128 on CPU, where a tiny trajectory holds one block for ~120 tokens)."""
+        """capacities: KV tokens per engine; policy: a name in rstar2.rollout.policies.POLICIES (default cfg.policy) or
+        a Policy class (the simulator's oracles); block_size: vLLM's KV block (tokens are allocated in whole blocks: 16
+        on GPUs, 128 on CPU, where a tiny trajectory holds one block for ~120 tokens)."""
         policy = policy or cfg.policy
         if isinstance(policy, str):
             if policy not in POLICIES:

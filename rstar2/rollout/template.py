@@ -1,8 +1,8 @@
 """The rStar2-Agent prompt protocol (the released code's template): the system prompt, the
 answer-format instruction before each problem, the reasoning and answer tags, and the Python tool's schema.
 
-How these travel in the token stream (turn markers, the tools block, tool-call syntax, the tool's reply, the turn's
-stop token) is the model's chat template's business: rstar2.rollout.chat renders them with it. With a Qwen-style template
+How these travel in the token stream (turn markers, the tools block, tool-call syntax, the tool's reply, the turn's stop
+token) is the model's chat template's business: rstar2.rollout.chat renders them with it. With a Qwen-style template
 (and the tiny world's, rstar2.world.tokenizer) a trajectory reads:
 
     <|im_start|>system ...SYSTEM_PROMPT... # Tools ...TOOL_SCHEMA...<|im_end|>

@@ -1,11 +1,11 @@
 """A trajectory and its turns (paper §2.1); rstar2.rollout.agent_loop drives them.
 
 Token-in/token-out: each trajectory is the prompt ids plus a response built turn by turn, in the model's chat format
-(rstar2.rollout.chat.ChatFormat: prompt, tool-call markers, tool turn). Model tokens get loss mask 1; tool turns (the tool's
-reply + the next assistant generation prompt) get loss mask 0. A turn with a tool call runs
-the first call in the sandbox (a broken call becomes a parse-error tool response, as in the paper); a turn without
-one ends the trajectory. Tool tokens count against the response budget, and a trajectory never ends on a tool turn:
-if the tool turn would not fit, or the turn limit is reached, it stops as truncated (reward 0).
+(rstar2.rollout.chat.ChatFormat: prompt, tool-call markers, tool turn). Model tokens get loss mask 1; tool turns (the
+tool's reply + the next assistant generation prompt) get loss mask 0. A turn with a tool call runs the first call in the
+sandbox (a broken call becomes a parse-error tool response, as in the paper); a turn without one ends the trajectory.
+Tool tokens count against the response budget, and a trajectory never ends on a tool turn: if the tool turn would not
+fit, or the turn limit is reached, it stops as truncated (reward 0).
 
 When the engine returns the sampled tokens' log-probs (asked for when trainer.old_logprobs=engine or trainer.tis_cap
 reads them), they are recorded aligned with the response (`response_logprobs`): tool tokens, which the model did not

@@ -118,7 +118,8 @@ class RoCCfg(_Cfg):
 
 
 class TrainerCfg(_Cfg):
-    """GRPO-RoC update (rstar2/training/trainer.py). Paper values: lr 1e-6, 20 warm-up steps, clip 0.2/0.28, no KL/entropy."""
+    """GRPO-RoC update (rstar2/training/trainer.py). Paper values: lr 1e-6, 20 warm-up steps, clip 0.2/0.28, no
+    KL/entropy."""
     lr: float = 1e-6
     warmup_steps: int = 20  # linear warm-up, then constant ...
     decay_steps: int = Field(0, ge=0)  # ... or a cosine down to min_lr_frac over this many optimizer steps (0: off)
@@ -205,7 +206,7 @@ class SchedulerCfg(_Cfg):
     oversubscribe: float = 1.0  # kv_aware: admit while the peak KV (mean + kv_z sd) <= factor x KV capacity
     kv_z: float = 1.5  # standard deviations of the random future KV the admission keeps room for ...
     kv_tail_slack: float = 0.0  # ... but the queue's rest is admitted at once if it fits within this, on the mean (off:
-    # at stage 2 (12K, 750K KV) it brought recompute storms of 12-31 % of decoded tokens, at stage 1 tight KV it gained 1 %)
+    # at stage 2 (12K, 750K KV) it brought recompute storms of 12-31 % of decoded tokens; at stage 1, tight KV, +1 %)
     oversubscribe_min: float = 0.7  # the factor shrinks after a preemption or high usage, down to this ...
     oversubscribe_max: float = 1.0  # ... and grows back up to this while usage stays low
     usage_low: float = 0.8  # factor grows while measured KV usage stays below this and admission is blocked

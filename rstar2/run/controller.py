@@ -65,9 +65,9 @@ class Controller:
 
     def start(self, cfg: RunCfg, model_dir: str, with_trainer: bool = True) -> None:
         """The engines (kept once started) and, unless evaluating only, the trainer, all from `model_dir`; an actor
-        already alive under its name is taken over. A model whose chat template cannot run the agent loop is
-        refused here, before any actor starts (rstar2.rollout.chat.ChatTemplateError), and so is placement.colocate where
-        vLLM has no sleep mode."""
+        already alive under its name is taken over. A model whose chat template cannot run the agent loop is refused
+        here, before any actor starts (rstar2.rollout.chat.ChatTemplateError), and so is placement.colocate where vLLM
+        has no sleep mode."""
         ChatFormat.load(model_dir)
         if cfg.placement.colocate and not sleep_mode_available():
             raise RuntimeError("placement.colocate needs vLLM's sleep mode (engines free the GPUs during the update), "

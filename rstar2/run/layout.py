@@ -12,10 +12,9 @@
 `top` is the campaign's run directory; `root` is where one RL seed keeps its stages: `top` itself for a single seed,
 `top/seed-<rl_seed>` with several (world, SFT model and SFT evaluation stay shared at the top).
 
-`RunRef` is what every flow and task knows of its run: its layout, its world's files, its MLflow ids and the name of
-the Controller that owns its actors (rstar2.tasks.run.controller finds it in the driver). It is small and JSON-serialisable,
-so Prefect records it as a parameter and draws the edges between the tasks that use it.
-"""
+`RunRef` is what every flow and task knows of its run: its layout, its world's files, its MLflow ids and the name of the
+Controller that owns its actors (rstar2.tasks.run.controller finds it in the driver). It is small and JSON-serialisable,
+so Prefect records it as a parameter and draws the edges between the tasks that use it."""
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
 """The preflight (`rstar2 check`, and the first thing a campaign does): everything a run needs, seen before anything
 starts, so that nothing is found fatal hours later.
 
-One row per check, each ok, warn (the run goes on; something was dropped or looks odd) or fail (it cannot run):
-the world (made once in the run directory, as the campaign makes it), the model (config, weights present, tokenizer
-and chat template through rstar2.rollout.chat), the context (world.max_positions against the model's own), the prompts of
-the training split, of the world's evaluation splits and of each of eval.suites (rendered and tokenised as the
-rollout does, rstar2.rollout.trajectory.prompt_ids), the SFT transcripts, the plan's verdict (rstar2.run.plan) and the sandbox (a
+One row per check, each ok, warn (the run goes on; something was dropped or looks odd) or fail (it cannot run): the
+world (made once in the run directory, as the campaign makes it), the model (config, weights present, tokenizer and chat
+template through rstar2.rollout.chat), the context (world.max_positions against the model's own), the prompts of the
+training split, of the world's evaluation splits and of each of eval.suites (rendered and tokenised as the rollout does,
+rstar2.rollout.trajectory.prompt_ids), the SFT transcripts, the plan's verdict (rstar2.run.plan) and the sandbox (a
 trivial execution, then closed).
 
-A prompt fits when the prompt and its whole response budget fit the context (rstar2.rollout.trajectory.fits, the rollout's own
-rule): the training split against the largest response budget of any stage, evaluation against
+A prompt fits when the prompt and its whole response budget fit the context (rstar2.rollout.trajectory.fits, the
+rollout's own rule): the training split against the largest response budget of any stage, evaluation against
 eval.max_response_tokens. Prompts that do not fit are dropped and counted with their ids (verl's
 filter_overlong_prompts), recorded in the world directory (rstar2.world.build.FIT): a world split's kept rows go to
 `fit-<split>.parquet`, which the world's URIs then name (rstar2.world.build.uris), and a suite's dropped ids are left
-out when the suite is prepared for evaluation (`exclude`). Only what cannot run at all fails: no problem left to
-train or evaluate on, a model or template that cannot load, a context beyond the model's, a plan that does not fit,
-a sandbox that does not run code.
-"""
+out when the suite is prepared for evaluation (`exclude`). Only what cannot run at all fails: no problem left to train
+or evaluate on, a model or template that cannot load, a context beyond the model's, a plan that does not fit, a sandbox
+that does not run code."""
 
 from __future__ import annotations
 

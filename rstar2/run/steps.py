@@ -167,8 +167,8 @@ def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, pr
 
 
 def eval_stats(scored_uri: str, ks: list[int] | None = None) -> dict:
-    """An evaluation's figures from its scored samples: pass1 (avg@k) with its standard error over problems
-    (pass1_se), unbiased pass_at_{k} for `ks` (default 1, 2, 4, ... up to the samples per problem; rstar2.evaluation.stats),
+    """An evaluation's figures from its scored samples: pass1 (avg@k) with its standard error over problems (pass1_se),
+    unbiased pass_at_{k} for `ks` (default 1, 2, 4, ... up to the samples per problem; rstar2.evaluation.stats),
     problems, samples, and the mean response length."""
     res = pl.read_parquet(scored_uri)
     by_problem = res.group_by("problem_id", maintain_order=True).agg(pl.col("reward"))["reward"].to_list()

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-2/3 backend of rstar2.training.trainer: one process per rank (Ray actors, rstar2/training/trainer_group.py).
+"""DeepSpeed ZeRO-2/3 backend of rstar2.training.trainer: one process per rank (Ray actors,
+rstar2/training/trainer_group.py).
 
 Where it runs. On GPUs: one rank per GPU, NCCL. On a CPU-only machine (CI, this project's laptops) the same code runs
 as N rank processes on DeepSpeed's own CPU accelerator (picked automatically when no GPU is visible) with the gloo

@@ -11,11 +11,10 @@ The 1/Σ|o_i| normaliser is over the whole batch: pass `num_tokens` = the global
 micro-batch losses under gradient accumulation reproduces Eq. 6 exactly (verl's per-micro-batch mean
 rescaled by a nominal batch size does not).
 
-Shapes: the trainer passes flat token vectors (N,) (only the loss tokens are ever computed); tests also use
-padded (B, T) grids. `advantages` is per sequence (B,) for a grid, or already per token (same shape as logp).
-Off-recipe options: `is_weight` = a constant per-token weight: a truncated importance weight min(π_old/π_engine, C)
-(Yao et al. 2025, "TIS") for rollouts sampled by an engine whose numerics differ from the trainer's; KL and entropy below.
-"""
+Shapes: the trainer passes flat token vectors (N,) (only the loss tokens are ever computed); tests also use padded (B,
+T) grids. `advantages` is per sequence (B,) for a grid, or already per token (same shape as logp). Off-recipe options:
+`is_weight` = a constant per-token weight: a truncated importance weight min(π_old/π_engine, C) (Yao et al. 2025, "TIS")
+for rollouts sampled by an engine whose numerics differ from the trainer's; KL and entropy below."""
 
 from __future__ import annotations
 

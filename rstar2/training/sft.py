@@ -1,12 +1,12 @@
 """Non-reasoning SFT (paper §4.1) of any chat model: next-token loss on assistant tokens only; prompts, generation
 headers and tool responses are masked.
 
-Transcripts are chat messages (rstar2.training.transcripts: the common messages layout with tool calls), rendered with the
-model's own chat template as the token streams RL rolls out (rstar2.rollout.chat.ChatFormat.segments), tokenised segment by
-segment (the rollout tokenises its prompt, the model's turns and the tool turns apart too). Batches are right-padded
-buckets of similar length, or packed rows (`packed`), both through rstar2.training.batching as the RL trainer's; the LM head
-runs only on the hidden states that predict an assistant token (about 40% of positions in the tiny world's
-transcripts)."""
+Transcripts are chat messages (rstar2.training.transcripts: the common messages layout with tool calls), rendered with
+the model's own chat template as the token streams RL rolls out (rstar2.rollout.chat.ChatFormat.segments), tokenised
+segment by segment (the rollout tokenises its prompt, the model's turns and the tool turns apart too). Batches are
+right-padded buckets of similar length, or packed rows (`packed`), both through rstar2.training.batching as the RL
+trainer's; the LM head runs only on the hidden states that predict an assistant token (about 40% of positions in the
+tiny world's transcripts)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Ra
 def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
           warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
           on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
-    """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model and
-    its tokenizer are saved to `out_dir` (a plain HF model directory)."""
+    """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
+    and its tokenizer are saved to `out_dir` (a plain HF model directory)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     chat = ChatFormat.load(model_dir)

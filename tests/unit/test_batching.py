@@ -1,4 +1,5 @@
-"""Micro-batch layouts (rstar2/training/batching.py): budgets, sharding, and log-probs identical to one-sequence-at-a-time."""
+"""Micro-batch layouts (rstar2/training/batching.py): budgets, sharding, and log-probs identical to
+one-sequence-at-a-time."""
 
 import random
 

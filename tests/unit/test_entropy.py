@@ -1,5 +1,5 @@
-"""The entropy analysis (rstar2/evaluation/entropy.py): token classes on a hand-built trajectory, entropies against a softmax
-computed by hand from the model's logits, and the high-entropy split on hand-picked values."""
+"""The entropy analysis (rstar2/evaluation/entropy.py): token classes on a hand-built trajectory, entropies against a
+softmax computed by hand from the model's logits, and the high-entropy split on hand-picked values."""
 
 from __future__ import annotations
 

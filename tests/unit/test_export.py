@@ -1,6 +1,6 @@
-"""`rstar2 export` (rstar2.evaluation.export): a run's checkpoint (weights beside the trainer's optimizer/RNG state, sealed) in,
-a plain Hugging Face model directory out that transformers loads with the same logits; what is not a model, or an
-existing directory, is refused with one clear error. Loading the export in vLLM: tests/engine/test_look.py."""
+"""`rstar2 export` (rstar2.evaluation.export): a run's checkpoint (weights beside the trainer's optimizer/RNG state,
+sealed) in, a plain Hugging Face model directory out that transformers loads with the same logits; what is not a model,
+or an existing directory, is refused with one clear error. Loading the export in vLLM: tests/engine/test_look.py."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""The per-step health line and the collapse alert (rstar2/evaluation/health.py) on recorded-style metric trajectories."""
+"""The per-step health line and the collapse alert (rstar2/evaluation/health.py) on recorded-style metric
+trajectories."""
 
 import pytest
 

@@ -1,6 +1,6 @@
-"""The collapse alert (rstar2/evaluation/health.py) on recorded runs: the health lines that tiny campaigns printed, kept in
-tests/data/health/ as they were printed (one file per campaign; a run starts at its step 1). No healthy run fires
-it; a recorded collapse fires it within 3 steps of its start."""
+"""The collapse alert (rstar2/evaluation/health.py) on recorded runs: the health lines that tiny campaigns printed, kept
+in tests/data/health/ as they were printed (one file per campaign; a run starts at its step 1). No healthy run fires it;
+a recorded collapse fires it within 3 steps of its start."""
 
 import re
 from pathlib import Path

@@ -18,7 +18,8 @@ REFLECTION = {"getattr", "setattr", "delattr", "vars"}
 
 
 def _policy_code() -> dict[str, list[ast.AST]]:
-    """file -> the nodes to check: all of rstar2/rollout/policies.py, and every class in bench/ that subclasses a policy."""
+    """file -> the nodes to check: all of rstar2/rollout/policies.py, and every class in bench/ that subclasses a
+    policy."""
     policies = ast.parse((ROOT / "rstar2" / "rollout" / "policies.py").read_text())
     code = {"rstar2/rollout/policies.py": [policies]}
     known = {"Policy"} | {c.name for c in ast.walk(policies) if isinstance(c, ast.ClassDef)

@@ -1,6 +1,6 @@
-"""The preflight (rstar2/run/preflight.py, `rstar2 check`): the one room-to-answer rule (rstar2.rollout.trajectory.fits) on hand-worked
-lengths, what a table keeps and drops, where the dropped ids go (the world's URIs, the suites), the context taken from
-the model's own config, and the command's table, exit codes and --json."""
+"""The preflight (rstar2/run/preflight.py, `rstar2 check`): the one room-to-answer rule (rstar2.rollout.trajectory.fits)
+on hand-worked lengths, what a table keeps and drops, where the dropped ids go (the world's URIs, the suites), the
+context taken from the model's own config, and the command's table, exit codes and --json."""
 
 import json
 import os

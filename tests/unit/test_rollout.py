@@ -1,6 +1,6 @@
-"""The agent loop (rstar2.rollout.agent_loop) and the trajectory's turns (rstar2.rollout.trajectory): a scripted policy on a
-continuous-batching stand-in engine replaces vLLM here (the real engine runs in tests/engine and the end-to-end flow
-test); the sandbox is the real one."""
+"""The agent loop (rstar2.rollout.agent_loop) and the trajectory's turns (rstar2.rollout.trajectory): a scripted policy
+on a continuous-batching stand-in engine replaces vLLM here (the real engine runs in tests/engine and the end-to-end
+flow test); the sandbox is the real one."""
 
 import re
 import threading

@@ -1,6 +1,6 @@
-"""Invariants of rstar2.rollout.scheduler under random protocol traffic (every policy, the simulator's oracles included): never
-over budget, sticky, exactly once (also after engine failures), release on error/cancel frees the engine; the
-SchedulerSession's protocol on hand-worked event sequences; and the simulator conserves work."""
+"""Invariants of rstar2.rollout.scheduler under random protocol traffic (every policy, the simulator's oracles
+included): never over budget, sticky, exactly once (also after engine failures), release on error/cancel frees the
+engine; the SchedulerSession's protocol on hand-worked event sequences; and the simulator conserves work."""
 
 import numpy as np
 import pytest

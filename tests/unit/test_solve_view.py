@@ -1,6 +1,6 @@
-"""`rstar2 solve`'s view of a trajectory (rstar2.evaluation.solve.turns, rstar2.cli.tables.trajectory_view): each model turn split into
-its reasoning and its tool call (code, input, status, the text the tool sent back), then the final answer and the
-reward. The real engine run of the command: tests/engine/test_look.py."""
+"""`rstar2 solve`'s view of a trajectory (rstar2.evaluation.solve.turns, rstar2.cli.tables.trajectory_view): each model
+turn split into its reasoning and its tool call (code, input, status, the text the tool sent back), then the final
+answer and the reward. The real engine run of the command: tests/engine/test_look.py."""
 
 from rich.console import Console
 

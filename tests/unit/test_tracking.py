@@ -61,8 +61,8 @@ def test_a_table_is_logged_once(tmp_path, monkeypatch):
 
 
 def test_ending_ends_the_run_as_the_block_ends(monkeypatch):
-    """rstar2.tasks.track.ending: FINISHED when the block ends, FAILED when it raises (re-raised), nothing when the run is
-    another flow's."""
+    """rstar2.tasks.track.ending: FINISHED when the block ends, FAILED when it raises (re-raised), nothing when the run
+    is another flow's."""
     from rstar2.tasks import track
 
     ended = []

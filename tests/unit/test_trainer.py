@@ -1,5 +1,5 @@
-"""The trainer (rstar2/training/trainer.py): the fast update equals a literal full-logits implementation, masking, options,
-and full-state resume that is bit-identical to never having stopped."""
+"""The trainer (rstar2/training/trainer.py): the fast update equals a literal full-logits implementation, masking,
+options, and full-state resume that is bit-identical to never having stopped."""
 
 import math
 import os
