@@ -116,9 +116,11 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
     leaves some draws without it (docs/findings.md, "Over world seeds")."""
     s, src, cycles = cfg.sft, Path(model_dir), []
     while True:
+        done = sum(r.steps for r in cycles)  # progress counts on through the cycles
+        progress = on_progress and (lambda step, total, loss, done=done: on_progress(done + step, done + total, loss))
         res = train(src, Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
                     warmup_frac=s.warmup_frac, seed=cfg.seed + len(cycles), packed=s.packed,
-                    device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=on_progress)
+                    device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)
         cycles.append(res)
         if s.target_loss is None or res.final_loss <= s.target_loss or len(cycles) == s.max_cycles:
             break

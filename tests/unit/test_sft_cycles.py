@@ -15,11 +15,15 @@ def _cycles(monkeypatch, losses: list[float], *sets: str):
 
     def train(model_dir, data, out_dir, **kw):
         calls.append((model_dir, kw["seed"], kw["epochs"]))
+        kw["on_progress"](100, 100, 0.5)  # a cycle's last step
         return sft.SFTResult(steps=100, final_loss=next(it), tokens_per_s=1000.0, wall_s=10.0)
 
     monkeypatch.setattr(sft, "train", train)
     cfg = config.load("tiny", ["seed=5", "sft.epochs=1.5", *sets])
-    return sft.train_with(cfg, Path("/init"), Path("/data.jsonl"), Path("/out")), calls
+    shown = []
+    res = sft.train_with(cfg, Path("/init"), Path("/data.jsonl"), Path("/out"), lambda *a: shown.append(a))
+    assert shown == [(100 * (c + 1), 100 * (c + 1), 0.5) for c in range(len(calls))]  # steps count on over cycles
+    return res, calls
 
 
 def test_without_a_target_one_cycle_as_configured(monkeypatch):
