@@ -43,8 +43,9 @@ Curves = dict[str, list[tuple[int, float]]]  # metric -> [(step, value), ...] of
 
 
 def comparison_plots(histories: dict[str, Curves | list[Curves]], out_dir: str, title: str) -> list[str]:
-    """One PNG per curve, one line per label (stage/variant); `histories[label]` is one run's curves, or a list of
-    runs (its seeds): then the line is their mean per step with a min-max band (stats.curve_band)."""
+    """One PNG per curve that some label has data for (an empty chart is not written), one line per label
+    (stage/variant); `histories[label]` is one run's curves, or a list of runs (its seeds): then the line is their
+    mean per step with a min-max band (stats.curve_band)."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display on servers and CI
@@ -67,12 +68,14 @@ def comparison_plots(histories: dict[str, Curves | list[Curves]], out_dir: str, 
             line, = ax.plot(steps, mean, marker=".", label=f"{name}: mean of {len(runs)} seeds, min-max")
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.vlines(steps, lo, hi, color=line.get_color(), alpha=0.5)  # the range also shows at a lone step
+        if not ax.lines:  # no run logged this curve
+            plt.close(fig)
+            continue
         ax.set_xlabel("RL step")
         ax.set_ylabel(label)
         ax.set_title(f"{title}: {label}", fontsize=9)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+        ax.legend(fontsize=8)
         paths.append(save_figure(fig, out / f"{metric}.png"))
     return paths
 

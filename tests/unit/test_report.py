@@ -4,11 +4,12 @@ import polars as pl
 import pytest
 
 from rstar2.evaluation import report
-def test_comparison_plots_write_one_png_per_curve(tmp_path):
-    curves = {"roc": {"reward_mean": [(1, 0.2), (2, 0.3)], "pass1_train": [(1, 0.2)]},
+def test_comparison_plots_write_one_png_per_curve_with_data(tmp_path):
+    curves = {"roc": {"reward_mean": [(1, 0.2), (2, 0.3)], "pass1_train": [(1, 0.2)], "entropy": []},
               "plain-grpo": {"reward_mean": [(1, 0.1), (2, 0.15)]}}
     paths = report.comparison_plots(curves, str(tmp_path), "t")
-    assert sorted(p.split("/")[-1] for p in paths) == sorted(f"{m}.png" for m in report.CURVES)
+    assert sorted(p.split("/")[-1] for p in paths) == ["pass1_train.png", "reward_mean.png"]  # no empty chart
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["pass1_train.png", "reward_mean.png"]
     assert all((tmp_path / p.split("/")[-1]).read_bytes()[:4] == b"\x89PNG" for p in paths)
     rows = report.per_step_rows(curves)
     assert rows[0] == {"variant": "roc", "step": 1, "reward_mean": 0.2, "pass1_train": 0.2}
@@ -29,7 +30,7 @@ def test_trajectory_markdown_shows_positives_and_negatives(tmp_path):
 def test_comparison_plots_draw_seeds_as_a_mean_with_a_band(tmp_path):
     seeds = [{"reward_mean": [(1, 0.2), (2, 0.4)]}, {"reward_mean": [(1, 0.4), (2, 0.6)]}]
     paths = report.comparison_plots({"tiny": seeds}, str(tmp_path), "t")
-    assert len(paths) == len(report.CURVES)
+    assert [p.split("/")[-1] for p in paths] == ["reward_mean.png"]
     assert report.mean_curves(seeds) == {"reward_mean": [(1, pytest.approx(0.3)), (2, pytest.approx(0.5))]}
 
 
