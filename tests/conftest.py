@@ -28,7 +28,8 @@ OPT_IN = ("ui", "docker", "gpu")
 
 def pytest_collection_modifyitems(config, items):
     named = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
-    kept = [item for item in items if not any(item.get_closest_marker(m) and m not in named for m in OPT_IN)]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
+    left_out = lambda item: any(item.get_closest_marker(m) for m in OPT_IN if m not in named)  # noqa: E731
+    dropped = [item for item in items if left_out(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not left_out(item)]
