@@ -111,12 +111,17 @@ def start_prefect(port: int, log: Path, started: list | None = None) -> subproce
     return proc
 
 
+# MLflow's server job runner (GenAI scorer jobs, which no run submits) would start seven consumer processes
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def start_mlflow(port: int, out_dir: Path, log: Path, started: list | None = None) -> subprocess.Popen:
     out_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{out_dir / 'mlflow.db'}",
                              "--default-artifact-root", (out_dir / "mlartifacts").as_uri()],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+                            env={**os.environ, **MLFLOW_SERVER_ENV}, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
     (started if started is not None else []).append(proc)
     wait_http(f"http://127.0.0.1:{port}/health")
     return proc
