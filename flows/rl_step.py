@@ -1,9 +1,13 @@
 """One RL step as a DAG the Prefect UI draws:
-rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate."""
+rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate.
+
+The step is a task run (`<stage>-step-<n>`) in its stage's flow run, and the step's tasks are nested in it: the UI draws
+each step as a box holding its DAG. A task run costs a few milliseconds of client time; a subflow per step cost ~6
+blocking Prefect API calls, ~0.3 s of a ~12 s tiny step (bench/README.md, "Orchestration cost of an RL step")."""
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import task
 from pydantic import BaseModel
 
 from rstar2.run.config import RunCfg, StageCfg
@@ -19,16 +23,14 @@ class StepAt(BaseModel):
     global_step: int
 
 
-# validate_parameters off: the stage flow passes the typed objects it was itself given (validated once, there);
-# pydantic would re-validate the whole run config at every step
-@flow(name="rl-step", flow_run_name="{at.stage.name}-step-{at.step}", validate_parameters=False)
+@task(name="rl-step", task_run_name="{at.stage.name}-step-{at.step}", cache_policy=None)
 def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
     """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step)."""
     stage, step, global_step = at.stage, at.step, at.global_step
     rolled = rl.rollout(run, cfg, stage, step, problems_uri)
     scored = rl.score(run, rolled, cfg.sandbox)
     sandbox = rl.sandbox_stats(scored, rolled)
-    kept = rl.roc_filter(scored, cfg, stage, cfg.rl_seed * 100_003 + global_step)
+    kept = rl.roc_filter(scored, cfg.roc, cfg.rollout_for(stage).group_size, cfg.rl_seed * 100_003 + global_step)
     batch = rl.batch_metrics(scored, kept)
     update = rl.grpo_update(run, kept)
     meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,

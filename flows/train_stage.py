@@ -8,7 +8,6 @@ import time
 
 from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
-from prefect.settings import temporary_settings
 
 from rstar2.run import checkpoint, runstate
 
@@ -21,10 +20,6 @@ from rstar2.tasks import costs, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
-# A step's subflow sends no heartbeats of its own: Prefect's heartbeat thread sleeps in whole seconds and is joined
-# when its flow run ends, up to 1 s per flow run (most of what orchestration costs a tiny step otherwise); the stage's
-# flow run around the steps keeps beating for the process.
-STEP_SETTINGS = {"flows.heartbeat_frequency": None}
 
 
 def _key(stage: StageCfg, what: str) -> str:
@@ -58,9 +53,8 @@ def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) ->
     decision = transition.decide(history(), step, stage.steps, stage.plateau)
     since = costs.mark()  # a step's orchestration cost is measured over its window (track.log_step)
     while not decision.advance:
-        with temporary_settings(updates=STEP_SETTINGS):
-            res = rl_step(cfg, run.model_copy(update={"mlflow_run_id": run_id}),
-                          StepAt(stage=stage, step=step, global_step=global_step0 + step), start.problems_uri)
+        res = rl_step(cfg, run.model_copy(update={"mlflow_run_id": run_id}),
+                      StepAt(stage=stage, step=step, global_step=global_step0 + step), start.problems_uri)
         res["step_s"] = time.perf_counter() - since[0]
         step += 1
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})

@@ -15,7 +15,7 @@ from rstar2.run import checkpoint as ckpt
 from rstar2.evaluation import report
 from rstar2.run import steps, tracking
 from rstar2.training import mining
-from rstar2.run.config import RunCfg, SandboxCfg, StageCfg
+from rstar2.run.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.run.layout import RunLayout, RunRef
 from rstar2.run.progress import bar
 from rstar2.tasks import costs
@@ -109,11 +109,10 @@ def sandbox_stats(scored: dict, rolled: dict) -> dict:
 
 @task(name="roc-filter", cache_policy=None)
 @costs.work
-def roc_filter(scored: dict, cfg: RunCfg, stage: StageCfg, seed: int) -> dict:
-    """GRPO-RoC's 2G -> G per prompt (the stage's G) into kept.parquet, drawn with `seed`."""
+def roc_filter(scored: dict, roc: RoCCfg, group_size: int, seed: int) -> dict:
+    """GRPO-RoC's 2G -> G per prompt (G = `group_size`, the stage's) into kept.parquet, drawn with `seed`."""
     out_uri = str(Path(scored["uri"]).with_name("kept.parquet"))
-    return {"uri": out_uri, **steps.roc_filter(scored["uri"], cfg.roc, cfg.rollout_for(stage).group_size, seed,
-                                               out_uri)}
+    return {"uri": out_uri, **steps.roc_filter(scored["uri"], roc, group_size, seed, out_uri)}
 
 
 @task(name="batch-metrics", cache_policy=None)

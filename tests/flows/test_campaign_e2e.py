@@ -124,20 +124,23 @@ def test_the_evaluate_deployment_flow_scores_a_checkpoint_on_its_own(campaign_ru
 
 
 def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_run):
-    """The UI draws a flow run's graph from each task run's recorded inputs; check those edges on the API."""
+    """The UI draws a flow run's graph from each task run's recorded inputs: a step's task run encloses its tasks (their
+    `__parents__`), which are joined by their data; check those edges on the API."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.filters import FlowRunFilterName
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
     from prefect.client.schemas.objects import TaskRunResult
 
     with get_client(sync_client=True) as client:
-        steps = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-short-step-1"])))
-        assert steps, "no rl-step flow run recorded"
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[steps[-1].id])))
+        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-1"])))
+        assert len(step) == 1 and step[0].state.is_completed(), "no rl-step task run recorded"
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[step[0].flow_run_id])))
         keys = {a.key for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="stage")))}
-    names = {r.id: r.name.rsplit("-", 1)[0] for r in runs}  # task run names are "<task>-<suffix>"
-    edges = {(names[i.id], names[r.id]) for r in runs for inputs in r.task_inputs.values() for i in inputs
-             if isinstance(i, TaskRunResult) and i.id in names}
+    nested = [r for r in runs if any(i.id == step[0].id for i in r.task_inputs.get("__parents__", []))]
+    names = {r.id: r.name.rsplit("-", 1)[0] for r in nested}  # task run names are "<task>-<suffix>"
+    assert set(names.values()) >= {"rollout", "score", "roc-filter", "grpo-update", "checkpoint"}
+    edges = {(names[i.id], names[r.id]) for r in nested for k, inputs in r.task_inputs.items() if k != "__parents__"
+             for i in inputs if isinstance(i, TaskRunResult) and i.id in names}
     assert {("rollout", "score"), ("score", "sandbox-execution-stats"), ("score", "roc-filter"),
             ("roc-filter", "batch-metrics"), ("roc-filter", "grpo-update"), ("grpo-update", "checkpoint"),
             ("batch-metrics", "checkpoint"), ("score", "trajectory-samples")} <= edges

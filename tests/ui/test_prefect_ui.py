@@ -62,18 +62,20 @@ def test_the_ui_lists_the_deployments(server, chromium, shots):
 
 
 def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server, chromium, shots):
+    """The stage's flow run page draws each step as a task run enclosing its DAG."""
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
     url, _ = server
     with SyncPrefectClient(f"{url}/api") as client:
         campaign = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["tiny"])))
-        step = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["stage1-step-0"])))
+        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-step-0"])))
+        stage = step and client.read_flow_run(step[0].flow_run_id)
     assert campaign and campaign[0].state.is_completed() and step
     dom = chromium(f"{url}/runs/flow-run/{campaign[0].id}", "--dump-dom")
     assert "Completed" in dom and "tiny" in dom
-    dom = chromium(f"{url}/runs/flow-run/{step[0].id}", "--dump-dom")
+    dom = chromium(f"{url}/runs/task-run/{step[0].id}", "--dump-dom")
     assert "stage1-step-0" in dom
-    chromium(f"{url}/runs/flow-run/{step[0].id}", f"--screenshot={shots / 'rl-step-dag.png'}")
+    chromium(f"{url}/runs/flow-run/{stage.id}", f"--screenshot={shots / 'rl-step-dag.png'}")
     chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={shots / 'campaign.png'}")
     assert (shots / "rl-step-dag.png").stat().st_size > 10_000
