@@ -21,12 +21,19 @@ def qwen_model_dir(tmp_path_factory) -> Path:
     return make_qwen_model(tmp_path_factory.mktemp("qwen"))
 
 
+# Every flow test runs under a Prefect server (tests/flows/conftest.py, ~15 s to start), so all are `e2e`: the fast tier
+# (`-m "not e2e"`) starts no server.
+FLOWS = ROOT / "tests" / "flows"
 # Tests that need what a plain machine lacks (a browser, a container engine, a GPU) run only when the -m expression
 # names their marker (their own dev.sh commands do), so any other -m, such as the fast tier's "not e2e", leaves them out
 OPT_IN = ("ui", "docker", "gpu")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: the flow tests' marker must be on them by then
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if FLOWS in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
     named = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
     left_out = lambda item: any(item.get_closest_marker(m) for m in OPT_IN if m not in named)  # noqa: E731
     dropped = [item for item in items if left_out(item)]

@@ -101,6 +101,14 @@ def bare_qwen(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def qwen_tokenizer(bare_qwen):
+    """Qwen's tokenizer as a model directory gives it (rstar2.rollout.chat.load_tokenizer), loaded once."""
+    from rstar2.rollout.chat import load_tokenizer
+
+    return load_tokenizer(bare_qwen)
+
+
 def _saved(bare, tmp_path, name, template):
     """A model directory of Qwen's tokenizer whose chat template is `template` (None: none), as save_pretrained
     writes it (chat_template.jinja beside the tokenizer)."""
@@ -128,11 +136,13 @@ NO_END_OF_TURN = CALLS_NO_REPLY.replace("<|im_end|>", "\n\n")
     (CALLS_NO_REPLY, "renders no tool response"),
     (NO_END_OF_TURN, "end-of-turn token"),
 ], ids=["no template", "no tools", "no tool call", "no tool reply", "no end of turn"])
-def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(bare_qwen, tmp_path, template, missing):
-    d = _saved(bare_qwen, tmp_path, "my-model", template)
+def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(qwen_tokenizer, template, missing):
+    # the tokenizer loaded once (~3 s a load) and each template set on it; the refusal of a model directory read
+    # from disk is test_a_run_refuses_such_a_model_before_any_actor_starts
+    qwen_tokenizer.chat_template = template
     with pytest.raises(ChatTemplateError, match=missing) as e:
-        ChatFormat.load(d)
-    assert str(e.value).startswith(f"{d}: ")
+        ChatFormat.of(qwen_tokenizer, "/models/my-model")
+    assert str(e.value).startswith("/models/my-model: ")
     assert isinstance(e.value, ValueError) and json.dumps(str(e.value)).count("\\n") == 0  # one line
 
 
