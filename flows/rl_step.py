@@ -2,8 +2,8 @@
 rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo-update -> checkpoint -> evaluate.
 
 The step is a task run (`<stage>-step-<n>`) in its stage's flow run, and the step's tasks are nested in it: the UI draws
-each step as a box that opens to its DAG. A task run costs a few milliseconds of client time; a subflow per step cost ~6
-blocking Prefect API calls, ~0.3 s of a ~12 s tiny step (bench/README.md, "Orchestration cost of an RL step")."""
+each step as a box that opens to its DAG. A task run costs a few milliseconds of client time, a subflow ~6 blocking
+Prefect API calls (bench/README.md, "Orchestration cost of an RL step")."""
 
 from __future__ import annotations
 
