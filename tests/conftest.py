@@ -35,8 +35,9 @@ def pytest_collection_modifyitems(config, items):
         if FLOWS in item.path.parents:
             item.add_marker(pytest.mark.e2e)
     named = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
-    left_out = lambda item: any(item.get_closest_marker(m) for m in OPT_IN if m not in named)  # noqa: E731
-    dropped = [item for item in items if left_out(item)]
+    kept, dropped = [], []
+    for item in items:
+        (dropped if any(item.get_closest_marker(m) for m in OPT_IN if m not in named) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if not left_out(item)]
+        items[:] = kept
