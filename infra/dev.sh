@@ -166,11 +166,28 @@ stop_local_index() {
   if [[ -n "${index_pid:-}" ]]; then kill "$index_pid" 2>/dev/null || true; rm -rf "$index_tree"; index_pid=; fi
 }
 
+# An image rebuilt from another checkout's venv misses the layer cache (its staged files are new) and the image it
+# replaces is left as untagged layers, ~3 GB for the CPU image: measured, eight CI runs left 24 GB of them and the
+# ninth ran out of disk mid-build. Untagged images go before a build and after it; the tagged ones stay as cache.
+prune_untagged() { docker image prune -f >/dev/null; }
+
+# What a build needs at most: the staged tree as build context (extracted by the engine) plus its layer, ~3 GB each,
+# beside the image it replaces until that is pruned. A cache hit needs almost nothing, so this only warns.
+disk_note() {
+  local dir avail; dir="$(docker info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)"
+  avail="$(df -Pk "$dir" | awk 'NR == 2 {print int($4 / 1048576)}')"
+  if ((avail < 10)); then
+    echo "[rstar2] $avail GB free under $dir; building rstar2:cpu anew needs about 10 GB for a moment" >&2
+  fi
+}
+
 # Builds on the host network (pip reaches the index on 127.0.0.1); an image already built is reused by Docker's
 # layer cache, so a second run costs seconds.
 build_images() {
   ensure_engine
   mkdir -p "$root/.rstar2"
+  prune_untagged
+  disk_note
   local base; base="$(base_image)"
   staging=0
   serve_local_index
@@ -190,7 +207,9 @@ build_images() {
     echo "[rstar2] building $image on $base" >&2
     docker build --force-rm --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
       -f "infra/docker/Dockerfile.$file" -t "$image" . \
-      >"$root/.rstar2/build-${image%%:*}.log" || { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; exit 1; }
+      >"$root/.rstar2/build-${image%%:*}.log" ||
+      { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; prune_untagged; disk_note; exit 1; }
+    prune_untagged
   done
   stop_local_index
 }
