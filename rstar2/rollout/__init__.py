@@ -1,3 +1,4 @@
 """The rollout: the agent loop over vLLM engines (multi-turn, token-in/token-out, the Python tool), the
 engines and their Ray clients, which engine runs which trajectory (scheduler, policies, kv_aware's
-length estimator), the model's chat format and tool-call parsing, and the actors' placement groups."""
+length estimator), the model's chat format and the check of each rollout's token stream against it, tool-call
+parsing, and the actors' placement groups."""

@@ -139,7 +139,7 @@ class ChatFormat:
         replied = render(user + [call, reply], True, "a tool message")
         n = prompt.count(eot) + 1  # the end-of-turn tokens through the assistant's turn
         try:
-            after = _after_turns(replied, n, eot, sep)
+            after = after_turns(replied, n, eot, sep)
         except ValueError:
             after = -1
         if after < 0 or replied[after:].count(_REPLY) != 1:
@@ -175,7 +175,7 @@ class ChatFormat:
                 continue
             head, full = self.render(messages[:i], True), self.render(messages[:i + 1])
             try:
-                start = _after_turns(head, turns, self.end_of_turn, self.turn_sep) if turns else 0
+                start = after_turns(head, turns, self.end_of_turn, self.turn_sep) if turns else 0
             except ValueError:
                 start = -1
             if start < 0 or not full.startswith(head):
@@ -232,7 +232,7 @@ def _added_tokens_in(text: str, tokens: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def _after_turns(text: str, n: int, eot: str, sep: str) -> int:
+def after_turns(text: str, n: int, eot: str, sep: str) -> int:
     """Where `text` goes on after its n-th end-of-turn token and the separator the template writes after it."""
     pos = 0
     for _ in range(n):

@@ -85,6 +85,8 @@ class RolloutCfg(_Cfg):
     top_p: float = 1.0
     tool_response_chars: int = 256
     tool_enabled: bool = True  # false = the no-tool ablation (tool calls are refused)
+    stream_check: int = 16  # trajectories a step checks against the chat template, most tool turns first
+    # (rstar2.rollout.stream_check; ~5 ms each on a Qwen template); 0: none
 
 
 class SandboxCfg(_Cfg):

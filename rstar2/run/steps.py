@@ -15,7 +15,7 @@ import polars as pl
 
 from rstar2.evaluation import stats
 
-from rstar2.rollout import trajectory
+from rstar2.rollout import stream_check, trajectory
 
 from rstar2.training import roc
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
@@ -73,9 +73,16 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(out_uri)
+    t1 = time.perf_counter()  # checked once written: a mismatch leaves the table to look at
+    try:
+        checked = stream_check.check(stream_check.sample(trajs, limits.stream_check),
+                                     {p["problem_id"]: p["prompt"] for p in problems}, chat)
+    except stream_check.StreamMismatch as e:
+        raise stream_check.StreamMismatch(f"{e} (the rollout table: {out_uri})") from None
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
     return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
-            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), **sched_stats, "sandbox": service}
+            "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), "rollout_stream_checked": checked,
+            "rollout_stream_check_s": time.perf_counter() - t1, **sched_stats, "sandbox": service}
 
 
 def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: str = "math") -> dict:

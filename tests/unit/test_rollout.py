@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rstar2.rollout import trajectory
+from rstar2.rollout import stream_check, trajectory
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import SchedulerCfg
@@ -74,6 +74,8 @@ def test_tool_turn_masks_and_statuses(chat, service):
     assert t["zqb"].tool_statuses == ["parse_error"] and "Failed to decode tool call" in \
         chat.tokenizer.decode(t["zqb"].response_ids, skip_special_tokens=False)
     assert t["zqc"].tool_statuses == [] and t["zqc"].num_turns == 1
+    # what the loop appended, a real sandbox reply and a parse error among it, is what the template writes
+    assert stream_check.check(list(t.values()), {k: f"question {k}" for k in t}, chat) == 3
 
 
 def test_budget_and_turn_limits_truncate_never_ending_on_a_tool_turn(chat, service):
