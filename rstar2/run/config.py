@@ -153,12 +153,16 @@ class TrainerCfg(_Cfg):
     # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
     # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store
     weight_sync: Literal["disk", "memory"] = "disk"
+    # the rollout/train mismatch: an update whose batch has a mean |log π_old - log π_engine| over its loss tokens
+    # above this stops the step before its checkpoint (engines that missed a weight sync, another dtype, a shifted
+    # token); measured every step as `logprob_gap`. None: not measured, and the engines are asked for no log-probs
+    max_logprob_gap: float | None = Field(0.1, gt=0)
 
     @property
     def engine_logprobs(self) -> bool:
         """Whether the update reads the rollout engine's log-probs (so the rollout must record them; otherwise it
         does not ask the engine for any)."""
-        return self.old_logprobs == "engine" or self.tis_cap is not None
+        return self.old_logprobs == "engine" or self.tis_cap is not None or self.max_logprob_gap is not None
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerCfg":

@@ -27,7 +27,7 @@ from rstar2.rollout.agent_loop import EngineSet
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.reward import Verifier
 from rstar2.sandbox.backends import Backend, connect
-from rstar2.training.trainer import PolicyTrainer
+from rstar2.training.trainer import PolicyTrainer, check_logprob_gap
 from rstar2.training.trainer_group import TrainerGroup
 
 
@@ -50,6 +50,7 @@ class Controller:
         self.estimator: LengthEstimator | None = None
         self.loaded: str | None = None  # the weights every engine holds now
         self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
+        self.max_logprob_gap: float | None = None  # trainer.max_logprob_gap, checked after each update
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
@@ -79,6 +80,7 @@ class Controller:
         if with_trainer:
             self.placement.add_trainer(cfg, self.run_id)
         self.weight_sync = cfg.trainer.weight_sync
+        self.max_logprob_gap = cfg.trainer.max_logprob_gap
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
         # engines and trainer start side by side (each start is mostly one process importing and loading), then
         # both are waited for
@@ -174,12 +176,15 @@ class Controller:
         """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
         (weights to CPU memory, KV cache dropped) and wake up after it."""
         if not self.colocate:
-            return ray.get(self.trainer.update.remote(batch_uri))
-        ray.get([e.sleep.remote() for e in self.engines])
-        try:
-            return ray.get(self.trainer.update.remote(batch_uri))
-        finally:
-            ray.get([e.wake_up.remote() for e in self.engines])
+            metrics = ray.get(self.trainer.update.remote(batch_uri))
+        else:
+            ray.get([e.sleep.remote() for e in self.engines])
+            try:
+                metrics = ray.get(self.trainer.update.remote(batch_uri))
+            finally:
+                ray.get([e.wake_up.remote() for e in self.engines])
+        check_logprob_gap(metrics, self.max_logprob_gap)
+        return metrics
 
     def save(self, ckpt_dir: str, meta: dict) -> str:
         """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""

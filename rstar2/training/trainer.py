@@ -17,6 +17,12 @@ pass computes them before the first step. "engine": the rollout engine's samplin
 `response_logprobs`), so the PPO ratio π_θ/π_engine is the importance weight of the off-policy samples (no recompute
 pass). `tis_cap` adds truncated importance sampling, min(π_old/π_engine, C) per token, on top of "recompute".
 
+The rollout/train mismatch. Whenever the rollout recorded the engine's log-probs, each update measures
+    logprob_gap = mean over the batch's loss tokens of |log π_old(token) - log π_engine(token)|
+(π_old as above): noise when the engines sampled from the trainer's weights (an fp32 engine and trainer on the CPU:
+~1e-6; a bf16 engine: ~1e-2), far more when they kept older weights or read the tokens another way. Past
+`max_logprob_gap` the controller stops the step before its checkpoint (check_logprob_gap).
+
 Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
 checkpoint directory (each rank's RNGs in its own file); `load_state` of it followed by one more update reproduces the
 uninterrupted run bit for bit (CPU; 1 rank or N DeepSpeed ranks, tests/engine/test_zero_ranks.py).
@@ -198,6 +204,8 @@ class PolicyTrainer:
         engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
         old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
         is_w = grpo.truncated_is_weight(old, engine, c.tis_cap) if c.tis_cap else None
+        # the rollout/train mismatch: π_old (the trainer's) against the engine's that sampled the tokens
+        gap = (old.float() - engine).abs().mean().detach() if engine is not None else None
         if c.loss_agg == "seq-mean-token-mean":
             # token weight n_tok / (n_seq · |o_i|): with the 1/n_tok of Eq. 6 the loss is mean_i mean_t loss_i,t
             agg = (n_tok / (n_seq * b.n_loss[mb.seq].float())).to(self.device)                      # (N,)
@@ -214,6 +222,8 @@ class PolicyTrainer:
         if c.entropy_coef:
             loss = loss - c.entropy_coef * ent.sum() / n_tok
         st["entropy"] = ent.detach().mean()  # a micro-batch mean; _Stats weights it by the micro-batch's tokens
+        if gap is not None:
+            st["logprob_gap"] = gap
         return loss, st, logp.numel()
 
     @torch.no_grad()
@@ -264,6 +274,23 @@ class PolicyTrainer:
         return meta
 
 
+class LogprobGapError(ValueError):
+    """The rollout engines' log-probs of the sampled tokens are too far from the trainer's (trainer.max_logprob_gap)."""
+
+
+def check_logprob_gap(metrics: dict, cap: float | None) -> None:
+    """Stop a step whose rollout was not sampled from the trainer's policy: `logprob_gap`, the mean over the batch's
+    loss tokens of |log π_old(token) - log π_engine(token)|, above `cap`. The usual causes: engines that missed a
+    weight sync (they sample from an older policy), another dtype, or token ids shifted against the log-probs."""
+    gap = metrics.get("logprob_gap")
+    if cap is not None and gap is not None and not gap <= cap:
+        raise LogprobGapError(
+            f"the rollout engines' log-probs of the sampled tokens differ from the trainer's by {gap:.4g} on average "
+            f"(trainer.max_logprob_gap {cap:g}): the engines did not sample from the weights the trainer has (a "
+            "missed weight sync), or read the tokens another way (dtype, shifted ids). The step stops before its "
+            "checkpoint; a retry resumes from the last committed one")
+
+
 def load_model(model_dir: str, device: torch.device, cfg: TrainerCfg | None = None):
     from transformers import AutoModelForCausalLM
 
@@ -306,22 +333,22 @@ class _Batch:
 
     @classmethod
     def from_frame(cls, df: pl.DataFrame, c: TrainerCfg) -> "_Batch":
-        need_engine = c.engine_logprobs
-        if need_engine and "response_logprobs" not in df.columns:
+        has_engine = "response_logprobs" in df.columns  # read whenever recorded: logprob_gap is measured from them
+        if (c.old_logprobs == "engine" or c.tis_cap is not None) and not has_engine:
             raise ValueError("trainer.old_logprobs=engine / trainer.tis_cap need the rollout engine's log-probs "
                              "(column response_logprobs); this batch has none")
         gid = torch.as_tensor(df["problem_id"].cast(pl.Utf8).cast(pl.Categorical).to_physical().to_list())
         adv = grpo.group_advantages(torch.as_tensor(df["reward"].to_list(), dtype=torch.float32), gid)   # (n,)
         ids, mask, eng, plen = [], [], [], []
-        cols = ["prompt_ids", "response_ids", "loss_mask", "truncated"] + (["response_logprobs"] if need_engine else [])
+        cols = ["prompt_ids", "response_ids", "loss_mask", "truncated"] + (["response_logprobs"] if has_engine else [])
         for prompt, resp, lm, trunc, *lp in df.select(cols).rows():
             plen.append(len(prompt))
             keep = 0 if (trunc and c.overlong_filter) else 1  # DAPO overlong filter (ablation; paper keeps them)
             ids.append(list(prompt) + list(resp))
             mask.append([0] * len(prompt) + [int(m) * keep for m in lm])
-            if need_engine:
+            if has_engine:
                 eng += [0.0] * len(prompt) + list(lp[0])
-        return cls(ids, mask, adv, torch.tensor(eng, dtype=torch.float32) if need_engine else None, plen,
+        return cls(ids, mask, adv, torch.tensor(eng, dtype=torch.float32) if has_engine else None, plen,
                    df["problem_id"].cast(pl.Utf8).to_list())
 
 

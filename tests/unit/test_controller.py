@@ -36,7 +36,7 @@ class FakeTrainer:
 
     def update(self, uri):
         LOG.append("update")
-        return {"loss": 0.5, "batch": uri}
+        return {"loss": 0.5, "batch": uri, **({"logprob_gap": 0.4} if "stale" in uri else {})}
 
     def save(self, ckpt_dir, meta):
         return ckpt_dir
@@ -170,6 +170,17 @@ def test_the_trainer_calls_go_to_the_trainer(fake_ray):
     ctl.restore("/c/step-1")
     ctl.reset_optimizer()
     assert ctl.trainer.obj.states == ["/c/step-1"] and ctl.trainer.obj.resets == 1
+
+
+def test_an_update_from_engines_off_the_trainers_policy_stops_before_its_checkpoint(fake_ray):
+    from rstar2.training.trainer import LogprobGapError
+
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"trainer.max_logprob_gap": 0.1}), "/m/sft")
+    with pytest.raises(LogprobGapError, match=r"by 0.4 on average \(trainer.max_logprob_gap 0.1\)"):
+        ctl.update("stale.parquet")
+    ctl.start(_cfg(**{"trainer.max_logprob_gap": "null"}), "/m/sft")
+    assert ctl.update("stale.parquet")["logprob_gap"] == 0.4  # the check turned off: measured, not refused
 
 
 def test_a_restarted_trainer_is_fresh_and_the_engines_stay(fake_ray):

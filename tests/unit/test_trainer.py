@@ -1,6 +1,7 @@
 """The trainer (rstar2/training/trainer.py): the fast update equals a literal full-logits implementation, masking,
 options, and full-state resume that is bit-identical to never having stopped."""
 
+import copy
 import math
 import os
 import random
@@ -184,6 +185,51 @@ def test_engine_logprobs_and_tis(tiny_model, tmp_path):
         assert runs[name][0]["loss"] == pytest.approx(runs["recompute"][0]["loss"], abs=1e-6)
         for k, v in runs[name][1].items():
             torch.testing.assert_close(v, runs["recompute"][1][k], atol=1e-6, rtol=0)
+
+
+def engine_logprobs(model, df, shift: int = 0) -> list[list[float]]:
+    """What an engine with `model`'s weights records for each row's response tokens (the log-prob of each sampled
+    token); `shift`: the log-probs moved that many tokens along the response, as after a token shifted in the stream."""
+    out = []
+    for p, r in df.select("prompt_ids", "response_ids").rows():
+        with torch.no_grad():
+            lp = model(input_ids=torch.tensor([p + r])).logits[0, :-1].float().log_softmax(-1)
+        got = lp[len(p) - 1:].gather(-1, torch.tensor(r)[:, None]).squeeze(-1).tolist()
+        out.append(got[shift:] + got[:shift])
+    return out
+
+
+def test_the_logprob_gap_is_noise_for_the_trainers_policy_and_stops_planted_mismatches(tiny_model, tmp_path):
+    """logprob_gap = mean |log π_old - log π_engine| over loss tokens: ~0 when the engine sampled from the trainer's
+    weights; past the cap, and so refused, when the engine kept stale weights, ran another dtype or the tokens are
+    shifted against the log-probs."""
+    from rstar2.training.trainer import LogprobGapError, check_logprob_gap
+
+    df = pl.read_parquet(batch(tmp_path / "b.parquet", REWARDS))
+    ref = PolicyTrainer(tiny_model, config.TrainerCfg(), seed=0).model
+
+    def gap(lps, trainer=None) -> float:
+        path = tmp_path / "lp.parquet"
+        df.with_columns(response_logprobs=pl.Series(lps)).write_parquet(path)
+        return (trainer or PolicyTrainer(tiny_model, config.TrainerCfg(), seed=0)).update(str(path))["logprob_gap"]
+
+    cap = 1e-4  # a cap for an fp32 engine and trainer (measured on this random model: the fp32 gap 6e-9, bf16's 4e-4)
+    fresh = gap(engine_logprobs(ref, df))
+    assert fresh < cap / 100
+    check_logprob_gap({"logprob_gap": fresh}, cap)
+    # the engine still has the starting weights while the trainer has taken 3 steps (lr 1e-2)
+    moved = PolicyTrainer(tiny_model, config.TrainerCfg(lr=1e-2, warmup_steps=1), seed=0)
+    for k in range(3):
+        moved.update(batch(tmp_path / f"m{k}.parquet", REWARDS, seed=k + 1))
+    stale = gap(engine_logprobs(ref, df), moved)
+    bf16 = gap(engine_logprobs(copy.deepcopy(ref).to(torch.bfloat16), df))
+    shifted = gap(engine_logprobs(ref, df, shift=1))
+    for planted in (stale, bf16, shifted):
+        with pytest.raises(LogprobGapError, match="max_logprob_gap"):
+            check_logprob_gap({"logprob_gap": planted}, cap)
+    assert min(stale, shifted) > 0.1  # past the default cap too
+    check_logprob_gap({}, cap)  # not measured (no engine log-probs): nothing to check
+    check_logprob_gap({"logprob_gap": shifted}, None)  # the check turned off
 
 
 def test_mini_batches_kl_entropy(tiny_model, tmp_path):
