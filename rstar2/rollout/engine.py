@@ -26,8 +26,9 @@ is reproducible although its order is timing. vLLM's CPU backend cannot rewind a
 partial prefill, so there every prefill is whole (chunked prefill off; a step takes a whole context).
 
 A request may also ask for the log-prob of each token it samples (vLLM's `logprobs=0`, taken from the raw logits
-before temperature and top-p: the distribution the trainer's own log-probs are of). Only RL rollouts ask, and only when
-the trainer reads them (trainer.old_logprobs=engine, trainer.tis_cap); a request that does not ask costs nothing.
+before temperature and top-p: the distribution the trainer's own log-probs are of). Only RL rollouts ask: the update
+measures the rollout/train mismatch from them (trainer.max_logprob_gap) and may use them in its loss
+(trainer.old_logprobs=engine, trainer.tis_cap); a request that does not ask costs nothing.
 """
 
 from __future__ import annotations

