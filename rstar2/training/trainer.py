@@ -19,9 +19,11 @@ pass). `tis_cap` adds truncated importance sampling, min(π_old/π_engine, C) pe
 
 The rollout/train mismatch. Whenever the rollout recorded the engine's log-probs, each update measures
     logprob_gap = mean over the batch's loss tokens of |log π_old(token) - log π_engine(token)|
-(π_old as above): noise when the engines sampled from the trainer's weights (an fp32 engine and trainer on the CPU:
-~1e-6; a bf16 engine: ~1e-2), far more when they kept older weights or read the tokens another way. Past
-`max_logprob_gap` the controller stops the step before its checkpoint (check_logprob_gap).
+(π_old as above): noise when the engines sampled from the trainer's weights, more when they kept older weights or
+read the tokens another way. Measured on the tiny campaign (fp32 engine and trainer): 6e-8 to 1.4e-7 nats, and
+0.008 to 0.029 for an engine one step behind; its preset's cap is 1e-3. A bf16 engine's own noise is larger, so a
+GPU preset's cap catches gross mismatches (shifted tokens, another dtype, weights many steps old), not one missed step.
+Past `max_logprob_gap` the controller stops the step before its checkpoint (check_logprob_gap).
 
 Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
 checkpoint directory (each rank's RNGs in its own file); `load_state` of it followed by one more update reproduces the

@@ -1,6 +1,7 @@
 """Retry semantics: a campaign killed with SIGKILL in the middle of an RL step, then retried (what the Prefect UI's
 Retry does: the same flow with the same parameters), resumes from the last committed checkpoint with the trainer's
-state and the same data order — no step lost, none done twice."""
+state and the same data order — no step lost, none done twice — and ends as the same campaign run without the fault
+from the same SFT model: the same kept rollouts, per-step figures and held-out pass@1, to the last digit."""
 
 import json
 import os
@@ -23,10 +24,23 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
          "roc.drop_all_equal=false"]  # every step updates, so the optimizer step count shows whether state came back
 
 
-def _campaign(out: Path, log: Path) -> subprocess.Popen:
+# what a run must repeat: the health line's figures and the RoC and update figures behind them
+FIGURES = ["reward_mean", "tool_error_rate", "format_violation_rate", "response_len_mean", "grad_norm", "loss",
+           "entropy", "logprob_gap", "roc_kept"]
+
+
+def _campaign(out: Path, log: Path, name: str = "kr", *extra: str) -> subprocess.Popen:
     sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
-    return subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "kr",
-                             *sets], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", name,
+                             *sets, *extra], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _figures(client: mlflow.MlflowClient, summary: dict) -> dict[str, list[float]]:
+    stage = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+                               f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")[0]
+    return {k: [m.value for m in sorted(client.get_metric_history(stage.info.run_id, k), key=lambda m: m.step)]
+            for k in FIGURES}
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> None:
@@ -68,3 +82,16 @@ def test_a_killed_campaign_resumes_from_its_last_checkpoint_when_retried(tmp_pat
                                f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
     assert len(stage) == 1  # the retry logged into the same stage run
     assert [m.step for m in client.get_metric_history(stage[0].info.run_id, "reward_mean")] == [1, 2, 3]
+
+    # the fault changed nothing: the same campaign uninterrupted, from the killed run's SFT model
+    ref = _campaign(out, log, "ref", "--sft-checkpoint", str(run / "sft"))
+    assert ref.wait(timeout=900) == 0, log.read_text()[-3000:]
+    ref_summary = json.loads((out / "ref" / "summary.json").read_text())
+    for step in range(3):
+        kept = [pl.read_parquet(r / "stage1" / f"step-{step:04d}" / "kept.parquet")
+                .select("problem_id", "sample_idx", "response_ids", "reward") for r in (run, out / "ref")]
+        assert kept[0].equals(kept[1]), f"step {step}: the kept rollouts differ"
+    got, want = _figures(client, summary), _figures(client, ref_summary)
+    assert all(len(v) == 3 for v in want.values()), want
+    assert got == want
+    assert summary["pass1_rl"] == ref_summary["pass1_rl"]
