@@ -13,10 +13,12 @@ placement.colocate the engines sleep during each update so the trainer ranks on 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
 import ray
+from ray.exceptions import RayActorError
 
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.chat import ChatFormat
@@ -51,6 +53,8 @@ class Controller:
         self.loaded: str | None = None  # the weights every engine holds now
         self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self.max_logprob_gap: float | None = None  # trainer.max_logprob_gap, checked after each update
+        self._cfg: RunCfg | None = None
+        self.respawned_engines = 0  # engines started again after they died, over the run
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
@@ -79,6 +83,7 @@ class Controller:
             self.colocate = cfg.placement.colocate
         if with_trainer:
             self.placement.add_trainer(cfg, self.run_id)
+        self._cfg = cfg  # what a lost engine is started again with
         self.weight_sync = cfg.trainer.weight_sync
         self.max_logprob_gap = cfg.trainer.max_logprob_gap
         engine_names, trainer_name = actor_names(self.run_id, cfg.engine.num_engines)
@@ -153,9 +158,34 @@ class Controller:
         """Every engine reloads `model_dir` in place (vLLM keeps its KV cache and compiled graphs); nothing to do
         when they already hold it (committed checkpoints never change)."""
         if model_dir != self.loaded:
-            ray.get([e.load_weights.remote(model_dir) for e in self.engines])
+            self._on_every_engine(lambda e: e.load_weights.remote(model_dir), model_dir)
             self.loaded = model_dir
         return model_dir
+
+    def _on_every_engine(self, call, model_dir: str) -> None:
+        """`call(engine)` on every engine at once; one found dead (its process killed, its node lost; the rollout has
+        already moved its trajectories to the others) is started again under its name and in its placement from
+        `model_dir`, which it loads as it starts: a lost engine never ends the run."""
+        refs = [call(e) for e in self.engines]
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                print(f"engine {i} died ({type(e).__name__}); starting it again from {model_dir}", file=sys.stderr,
+                      flush=True)
+                self._respawn_engine(i, model_dir)
+
+    def _respawn_engine(self, i: int, model_dir: str, timeout_s: float = 60.0) -> None:
+        name = actor_names(self.run_id, len(self.engines))[0][i]
+        _kill(self.engines[i])
+        deadline = time.monotonic() + timeout_s
+        while _find(name) is not None:  # Ray releases a dead actor's name asynchronously
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine {name} still registered {timeout_s:.0f} s after it died")
+            time.sleep(0.2)
+        self.engines[i] = _spawn_engine(name, self._cfg, model_dir, i, self.placement)
+        self._engine_info[i] = ray.get(self.engines[i].info.remote())
+        self.respawned_engines += 1
 
     def sync_trained(self, ckpt_dir: str) -> str:
         """After `save(ckpt_dir)`: every engine takes the trainer's new weights, read back from `ckpt_dir`
@@ -166,7 +196,7 @@ class Controller:
         if self.weight_sync == "disk":
             return self.sync_weights(ckpt_dir)
         weights = self.trainer.full_state_dict.remote()
-        ray.get([e.load_weights.remote(weights, ckpt_dir) for e in self.engines])
+        self._on_every_engine(lambda e: e.load_weights.remote(weights, ckpt_dir), ckpt_dir)
         self.loaded = ckpt_dir
         return ckpt_dir
 

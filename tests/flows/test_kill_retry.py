@@ -1,7 +1,9 @@
-"""Retry semantics: a campaign killed with SIGKILL in the middle of an RL step, then retried (what the Prefect UI's
-Retry does: the same flow with the same parameters), resumes from the last committed checkpoint with the trainer's
-state and the same data order — no step lost, none done twice — and ends as the same campaign run without the fault
-from the same SFT model: the same kept rollouts, per-step figures and held-out pass@1, to the last digit."""
+"""Two faults in one campaign, and the run they leave is the run without them. An engine actor's process is killed
+with SIGKILL as RL starts: its trajectories finish on the other engine, and the next weight sync starts it again. Then
+the campaign's own process is killed with SIGKILL in the middle of an RL step and retried (what the Prefect UI's
+Retry does: the same flow with the same parameters): it resumes from the last committed checkpoint with the trainer's
+state and the same data order — no step lost, none done twice. It ends as the same campaign run without faults from
+the same SFT model: the same kept rollouts, per-step figures and held-out pass@1, to the last digit."""
 
 import json
 import os
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import mlflow
 import polars as pl
+import psutil
 import pytest
 
 from rstar2.run import checkpoint, steps
@@ -36,6 +39,13 @@ def _campaign(out: Path, log: Path, name: str = "kr", *extra: str) -> subprocess
                             start_new_session=True)
 
 
+def _is_engine(p: psutil.Process) -> bool:
+    try:
+        return p.cmdline()[:1] and p.cmdline()[0].startswith("ray::EngineActor")
+    except psutil.Error:
+        return False
+
+
 def _figures(client: mlflow.MlflowClient, summary: dict) -> dict[str, list[float]]:
     stage = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
                                f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")[0]
@@ -55,10 +65,16 @@ def test_a_killed_campaign_resumes_from_its_last_checkpoint_when_retried(tmp_pat
     out, log = tmp_path / "runs", tmp_path / "campaign.log"
     run = out / "kr"
     proc = _campaign(out, log)
+    # an engine killed once the SFT evaluation is written: RL's first rollout runs on the other one
+    _wait_for(run / "eval" / "sft-test.parquet", proc, log)
+    engines = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_engine(p)]
+    assert len(engines) == 2, [p.cmdline()[:1] for p in psutil.Process(proc.pid).children(recursive=True)]
+    engines[0].kill()
     # SIGKILL in the middle of step 2: step 1 is committed, step 2's rollouts are written, its update is not
     _wait_for(run / "stage1" / "step-0001" / "rollouts.parquet", proc, log)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert "engine 0 died" in log.read_text()  # and was started again by the step's weight sync
     first = checkpoint.manifest(run / "checkpoints" / "stage1" / "step-0001")
     assert checkpoint.latest(run / "checkpoints" / "stage1").name == "step-0001"
 

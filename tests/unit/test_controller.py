@@ -5,6 +5,7 @@ fresh while the engines stay, and what Prefect records of it as a flow parameter
 from types import SimpleNamespace
 
 import pytest
+from ray.exceptions import RayActorError
 
 from rstar2.run import config, controller
 from rstar2.run.controller import Controller
@@ -27,7 +28,12 @@ class FakeEngine:
         return {"kv_capacity_tokens": 4096, "block_size": 16}
 
     def load_weights(self, weights, version=None):
+        if getattr(self, "dead", False):
+            return DEAD
         self.loads.append(weights if version is None else (weights, version))
+
+
+DEAD = object()  # what a call on a dead actor returns here; FakeRay.get raises as Ray's does
 
 
 class FakeTrainer:
@@ -81,6 +87,8 @@ class FakeRay:
         return bind if cls is None else bind(cls)
 
     def get(self, refs):
+        if refs is DEAD or (isinstance(refs, list) and DEAD in refs):
+            raise RayActorError()
         return refs
 
     def get_actor(self, name, namespace=None):
@@ -181,6 +189,20 @@ def test_an_update_from_engines_off_the_trainers_policy_stops_before_its_checkpo
         ctl.update("stale.parquet")
     ctl.start(_cfg(**{"trainer.max_logprob_gap": "null"}), "/m/sft")
     assert ctl.update("stale.parquet")["logprob_gap"] == 0.4  # the check turned off: measured, not refused
+
+
+@pytest.mark.parametrize("mode", ["disk", "memory"])
+def test_an_engine_that_died_is_started_again_from_the_weights_being_synced(fake_ray, mode):
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"trainer.weight_sync": mode}), "/m/sft")
+    first = ctl.engines[1]
+    first.obj.dead = True  # its process was killed
+    ctl.sync_trained("/c/step-1")
+    assert ctl.engines[1] is not first and ctl.engines[1].obj.spec.model_dir == "/c/step-1"
+    assert fake_ray.spawned.count("run-engine-1") == 2 and ctl.respawned_engines == 1
+    assert ctl.loaded == "/c/step-1" and len(ctl.engine_clients(1.0, 1.0).clients) == 2
+    ctl.sync_trained("/c/step-2")  # the new engine takes later syncs like the others
+    assert ctl.engines[1].obj.loads[-1] in ("/c/step-2", ({"w": "/m/sft"}, "/c/step-2"))
 
 
 def test_a_restarted_trainer_is_fresh_and_the_engines_stay(fake_ray):
