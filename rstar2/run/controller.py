@@ -8,10 +8,15 @@ driver on a shared cluster uses a run id of its own) and are non-detached: they 
 The controller keeps their handles: a non-detached actor lives while its driver holds a handle to it. Their GPUs
 (or CPU slivers) are reserved first as Ray placement groups (rstar2.rollout.placement), removed at `stop()`; with
 placement.colocate the engines sleep during each update so the trainer ranks on the same GPUs have them.
+
+An actor that dies is started again, so a lost process never ends a run: an engine at the next weight sync (its
+trajectories have already moved to the others), the trainer at its update, in the state it had before it (the last
+checkpoint it saved or was restored from, or the model it started from, with any optimizer reset since).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -54,7 +59,9 @@ class Controller:
         self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self.max_logprob_gap: float | None = None  # trainer.max_logprob_gap, checked after each update
         self._cfg: RunCfg | None = None
-        self.respawned_engines = 0  # engines started again after they died, over the run
+        self._trainer_state: TrainerState | None = None
+        self._updated_on: str | None = None  # the batch of the trainer's update since its state was last saved
+        self.respawned_engines = self.respawned_trainers = 0  # actors started again after they died, over the run
         self._engine_info: list[dict] = []  # each engine's KV capacity and block size, as vLLM sized them
         self.placement: placement.Placement | None = None  # the placement groups the actors run in
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
@@ -97,6 +104,7 @@ class Controller:
         if with_trainer and self.trainer is None:
             self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
             trainer_up = self.trainer.__ray_ready__.remote()
+            self._trainer_state, self._updated_on = TrainerState(model_dir), None
         if engines_up is not None:
             self._engine_info = ray.get(engines_up)
             self.loaded = model_dir
@@ -204,28 +212,74 @@ class Controller:
 
     def update(self, batch_uri: str) -> dict:
         """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
-        (weights to CPU memory, KV cache dropped) and wake up after it."""
-        if not self.colocate:
-            metrics = ray.get(self.trainer.update.remote(batch_uri))
-        else:
-            ray.get([e.sleep.remote() for e in self.engines])
-            try:
-                metrics = ray.get(self.trainer.update.remote(batch_uri))
-            finally:
-                ray.get([e.wake_up.remote() for e in self.engines])
+        (weights to CPU memory, KV cache dropped) and wake up after it. A trainer that dies (its process killed, its
+        node lost) is started again in the state it had before the update, and the update is redone: the same batch
+        from the same state gives the same step (a resumed update is bit-identical)."""
+        try:
+            metrics = self._update(batch_uri)
+        except RayActorError as e:
+            self._respawn_trainer(e)
+            metrics = self._update(batch_uri)
+        self._updated_on = batch_uri
         check_logprob_gap(metrics, self.max_logprob_gap)
         return metrics
 
+    def _update(self, batch_uri: str) -> dict:
+        if not self.colocate:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        ray.get([e.sleep.remote() for e in self.engines])
+        try:
+            return ray.get(self.trainer.update.remote(batch_uri))
+        finally:
+            ray.get([e.wake_up.remote() for e in self.engines])
+
+    def _respawn_trainer(self, died: Exception, timeout_s: float = 60.0) -> None:
+        """The trainer again, as it was after its last start, save or restore (and optimizer reset since)."""
+        was, name = self._trainer_state, actor_names(self.run_id, len(self.engines))[1]
+        print(f"trainer died ({type(died).__name__}); starting it again from {was.source}", file=sys.stderr, flush=True)
+        _kill(self.trainer)
+        deadline = time.monotonic() + timeout_s
+        while _find(name) is not None:  # Ray releases a dead actor's name asynchronously
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it died")
+            time.sleep(0.2)
+        self.trainer = _spawn_trainer(name, self._cfg, was.source, self.placement)
+        if was.committed:
+            self.restore(was.source)
+        if was.optimizer_reset:
+            self.reset_optimizer()
+        self.respawned_trainers += 1
+
     def save(self, ckpt_dir: str, meta: dict) -> str:
         """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""
-        return ray.get(self.trainer.save.remote(ckpt_dir, meta))
+        try:
+            path = ray.get(self.trainer.save.remote(ckpt_dir, meta))
+        except RayActorError as e:  # died after its update: started again, it redoes the update, then saves
+            batch = self._updated_on
+            self._respawn_trainer(e)
+            if batch is not None:
+                self._update(batch)
+            path = ray.get(self.trainer.save.remote(ckpt_dir, meta))
+        self._trainer_state, self._updated_on = TrainerState(path, committed=True), None
+        return path
 
     def restore(self, ckpt_dir: str) -> None:
         """A resumed run: the trainer (started from the checkpoint's weights) takes back its optimizer/LR/RNG state."""
         ray.get(self.trainer.load_state.remote(ckpt_dir))
+        self._trainer_state, self._updated_on = TrainerState(ckpt_dir, committed=True), None
 
     def reset_optimizer(self) -> None:
         ray.get(self.trainer.reset_optimizer.remote())
+        self._trainer_state = dataclasses.replace(self._trainer_state, optimizer_reset=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """Where the trainer's live state can be had again: its weights' directory, whether that is a committed checkpoint
+    (optimizer, LR schedule and RNGs too) or a model to start fresh from, and whether the optimizer was reset since."""
+    source: str
+    committed: bool = False
+    optimizer_reset: bool = False
 
 
 def _find(name: str):

@@ -1,9 +1,11 @@
-"""Two faults in one campaign, and the run they leave is the run without them. An engine actor's process is killed
-with SIGKILL as RL starts: its trajectories finish on the other engine, and the next weight sync starts it again. Then
-the campaign's own process is killed with SIGKILL in the middle of an RL step and retried (what the Prefect UI's
-Retry does: the same flow with the same parameters): it resumes from the last committed checkpoint with the trainer's
-state and the same data order — no step lost, none done twice. It ends as the same campaign run without faults from
-the same SFT model: the same kept rollouts, per-step figures and held-out pass@1, to the last digit."""
+"""Three faults in one campaign, and the run they leave is the run without them. An engine actor's process is killed
+with SIGKILL as RL starts: its trajectories finish on the other engine, and the next weight sync starts it again. The
+trainer actor's process is killed about when its first update runs: it is started again in its state before the
+update, which is redone. Then the campaign's own process is killed with SIGKILL in the middle of an RL step and
+retried (what the Prefect UI's Retry does: the same flow with the same parameters): it resumes from the last committed
+checkpoint with the trainer's state and the same data order — no step lost, none done twice. It ends as the same
+campaign run without faults from the same SFT model: the same kept rollouts, per-step figures and held-out pass@1, to
+the last digit."""
 
 import json
 import os
@@ -39,9 +41,9 @@ def _campaign(out: Path, log: Path, name: str = "kr", *extra: str) -> subprocess
                             start_new_session=True)
 
 
-def _is_engine(p: psutil.Process) -> bool:
+def _is_actor(p: psutil.Process, cls: str) -> bool:
     try:
-        return p.cmdline()[:1] and p.cmdline()[0].startswith("ray::EngineActor")
+        return bool(p.cmdline()[:1]) and p.cmdline()[0].startswith(f"ray::{cls}")
     except psutil.Error:
         return False
 
@@ -67,14 +69,20 @@ def test_a_killed_campaign_resumes_from_its_last_checkpoint_when_retried(tmp_pat
     proc = _campaign(out, log)
     # an engine killed once the SFT evaluation is written: RL's first rollout runs on the other one
     _wait_for(run / "eval" / "sft-test.parquet", proc, log)
-    engines = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_engine(p)]
+    engines = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_actor(p, "EngineActor")]
     assert len(engines) == 2, [p.cmdline()[:1] for p in psutil.Process(proc.pid).children(recursive=True)]
     engines[0].kill()
+    # the trainer killed once step 1's kept batch is written: about when its update runs
+    _wait_for(run / "stage1" / "step-0000" / "kept.parquet", proc, log)
+    trainers = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_actor(p, "PolicyTrainer")]
+    assert len(trainers) == 1
+    trainers[0].kill()
     # SIGKILL in the middle of step 2: step 1 is committed, step 2's rollouts are written, its update is not
     _wait_for(run / "stage1" / "step-0001" / "rollouts.parquet", proc, log)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert "engine 0 died" in log.read_text()  # and was started again by the step's weight sync
+    assert "trainer died" in log.read_text()  # and was started again in its state before the update
     first = checkpoint.manifest(run / "checkpoints" / "stage1" / "step-0001")
     assert checkpoint.latest(run / "checkpoints" / "stage1").name == "step-0001"
 

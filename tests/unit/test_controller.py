@@ -41,10 +41,14 @@ class FakeTrainer:
         self.model_dir, self.seed, self.resets, self.states = model_dir, seed, 0, []
 
     def update(self, uri):
+        if getattr(self, "dead", False):
+            return DEAD
         LOG.append("update")
         return {"loss": 0.5, "batch": uri, **({"logprob_gap": 0.4} if "stale" in uri else {})}
 
     def save(self, ckpt_dir, meta):
+        if getattr(self, "dead", False):
+            return DEAD
         return ckpt_dir
 
     def load_state(self, ckpt_dir):
@@ -203,6 +207,26 @@ def test_an_engine_that_died_is_started_again_from_the_weights_being_synced(fake
     assert ctl.loaded == "/c/step-1" and len(ctl.engine_clients(1.0, 1.0).clients) == 2
     ctl.sync_trained("/c/step-2")  # the new engine takes later syncs like the others
     assert ctl.engines[1].obj.loads[-1] in ("/c/step-2", ({"w": "/m/sft"}, "/c/step-2"))
+
+
+def test_a_trainer_that_died_is_started_again_in_its_state_before_the_update_and_the_update_redone(fake_ray):
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    ctl.trainer.obj.dead = True  # dies before its first update: started fresh from the model, as it was
+    assert ctl.update("kept-1.parquet")["batch"] == "kept-1.parquet"
+    assert ctl.trainer.obj.model_dir == "/m/sft" and ctl.trainer.obj.states == []
+    ctl.save("/c/step-1", {})
+    ctl.reset_optimizer()  # a new stage's fresh optimizer, not in the checkpoint
+    first = ctl.trainer
+    first.obj.dead = True
+    assert ctl.update("kept-2.parquet") == {"loss": 0.5, "batch": "kept-2.parquet"}
+    again = ctl.trainer.obj
+    assert ctl.trainer is not first and again.model_dir == "/c/step-1" and again.states == ["/c/step-1"]
+    assert again.resets == 1 and fake_ray.spawned.count("run-trainer") == 3 and ctl.respawned_trainers == 2
+    LOG.clear()
+    ctl.trainer.obj.dead = True  # dies after its update, before the checkpoint: the update is redone, then saved
+    assert ctl.save("/c/step-2", {}) == "/c/step-2" and LOG == ["update"]
+    assert ctl.trainer.obj.states == ["/c/step-1"] and ctl.respawned_trainers == 3
 
 
 def test_a_restarted_trainer_is_fresh_and_the_engines_stay(fake_ray):
