@@ -3,7 +3,9 @@
 One dispatcher thread owns the slots: it takes calls from the head of the queue, hands each to a free slot's warm
 zygote of the right profile (preferring slots whose zygote is already warm; starting one when needed), watches every
 zygote's reply pipe with one `select`, and enforces a watchdog deadline per call (a zygote that stops answering is
-killed and restarted, its call answered as `killed`). Callers get a `Future`; `run_batch` keeps input order.
+killed and restarted). A call whose executor dies under it (killed from outside, or stopped answering) runs again
+once on a fresh one, so an executor lost to the machine changes no result; a second death answers it `killed`.
+Callers get a `Future`; `run_batch` keeps input order.
 The same object serves the rollout in-process, the HTTP server (`server.py`) and each Ray actor (`ray_group.py`).
 """
 
@@ -48,6 +50,7 @@ class _Call:
     deadline: float = math.inf
     zygote: ZygoteProc | None = None
     payload: bytes = b""
+    reruns: int = 0  # times its executor died under it and it ran again on a fresh one
 
 
 @dataclass
@@ -67,6 +70,7 @@ class SandboxService:
     STARTUP_TIMEOUT_S = 180.0  # a zygote importing numpy + sympy on a loaded 2-core machine
     GRACE_S = 5.0  # a zygote that overruns a call's own deadline by this much is killed
     MAX_START_FAILURES = 3
+    MAX_RERUNS = 1  # a call whose executor dies under it runs again once; a second death answers it `killed`
 
     def __init__(self, limits: SandboxLimits | None = None, slots: int = 4, queue_size: int = 4096,
                  profiles: dict[str, tuple[str, ...]] | None = None, require: tuple[str, ...] | list[str] = (),
@@ -358,7 +362,16 @@ class SandboxService:
             with self._cond:
                 self._queue.appendleft(call)
             return
-        log.warning("sandbox executor %s/%d died during a call: %s", z.profile, slot.index, why)
+        if call.reruns < self.MAX_RERUNS:  # the executor's death is the service's fault, not the call's: run it again
+            log.warning("sandbox executor %s/%d died during a call (%s): running the call again on a fresh one",
+                        z.profile, slot.index, why)
+            call.reruns += 1
+            slot.call = None
+            self.metrics.inflight.dec()
+            with self._cond:
+                self._queue.appendleft(call)
+            return
+        log.warning("sandbox executor %s/%d died during a call again: %s", z.profile, slot.index, why)
         self._finish(slot, {"status": KILLED, "stdout": "", "stderr": f"[sandbox] the executor died during the call "
                             f"and was replaced ({why.removeprefix('[sandbox] ')})", "exit_code": None, "signal": None,
                             "wall_s": round(time.monotonic() - call.t_sent, 6), "cpu_s": 0.0})

@@ -43,16 +43,40 @@ def test_full_queue_pushes_back(fast):
         assert svc.snapshot()["rejected"] == 2
 
 
-def test_a_killed_executor_is_replaced_and_its_call_answered(fast):
+def _kill_executor(svc, not_pid: int | None = None, within_s: float = 10.0) -> int:
+    """SIGKILL the service's (one) executor from outside, as an OOM kill or an operator would; waits for one that is
+    not `not_pid` (the replacement of an earlier kill) to be running the call."""
+    deadline = time.monotonic() + within_s
+    while True:
+        zs = [z for z in svc.executors() if z.pid != not_pid]
+        if zs:
+            time.sleep(0.3)  # it has the call by now
+            os.kill(zs[0].pid, signal.SIGKILL)
+            return zs[0].pid
+        assert time.monotonic() < deadline, "no executor took the call again"
+        time.sleep(0.05)
+
+
+def test_a_killed_executor_is_replaced_and_its_call_runs_again_with_the_same_result(fast):
     with SandboxService(fast, slots=1) as svc:
-        fut = svc.submit(ExecRequest("import time\ntime.sleep(5)"))
+        fut = svc.submit(ExecRequest("import time\ntime.sleep(1)\nprint(input())", stdin="same"))
         time.sleep(0.3)
-        (z,) = svc.executors()
-        os.kill(z.pid, signal.SIGKILL)  # from outside, as an OOM kill or an operator would
-        res = fut.result(timeout=10)
-        assert res.status == "killed" and "executor" in res.stderr
+        killed = _kill_executor(svc)
+        res = fut.result(timeout=20)
+        assert (res.status, res.stdout) == ("ok", "same\n")  # what it gives without the fault
         assert svc.run(ExecRequest("print('next')")).stdout == "next\n"
-        assert svc.snapshot()["restarts"] == 1 and [z2.pid for z2 in svc.executors()] != [z.pid]
+        assert svc.snapshot()["restarts"] == 1 and killed not in [z.pid for z in svc.executors()]
+
+
+def test_a_call_whose_executor_dies_twice_is_answered_killed(fast):
+    with SandboxService(fast, slots=1) as svc:
+        fut = svc.submit(ExecRequest("import time\ntime.sleep(3)"))
+        time.sleep(0.3)
+        first = _kill_executor(svc)
+        _kill_executor(svc, not_pid=first)
+        res = fut.result(timeout=20)
+        assert res.status == "killed" and "executor" in res.stderr
+        assert svc.run(ExecRequest("print('next')")).stdout == "next\n" and svc.snapshot()["restarts"] == 2
 
 
 def test_many_concurrent_clients_lose_nothing(service):
