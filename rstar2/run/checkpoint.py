@@ -6,6 +6,7 @@ leaves either the previous checkpoint or a `.tmp-*` directory that nothing mista
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -61,10 +62,31 @@ def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
         if final_dir.exists():  # e.g. an uncommitted leftover with a checkpoint's name: never valid, replace it
             shutil.rmtree(final_dir)
         os.rename(tmp, final_dir)
-    except BaseException:
+    except BaseException as e:
+        full = _out_of_space(e, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFull(errno.ENOSPC, f"{final_dir}: the disk filled up while it was written "
+                           f"({shutil.disk_usage(final_dir.parent).free / 2**20:.0f} MB free with the partial "
+                           "write removed); nothing was committed: free space and retry, the run resumes from its "
+                           "last committed checkpoint") from e
         raise
     return final_dir
+
+
+class DiskFull(OSError):
+    """A directory could not be written for lack of space; nothing of it was left behind."""
+
+
+def _out_of_space(e: BaseException, where: Path) -> bool:
+    """Whether `e` came from a full disk: an OSError saying so, or any error (libraries wrap it: torch.save raises a
+    RuntimeError) with under 1 MB left where it was writing."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return isinstance(e, Exception) and shutil.disk_usage(where).free < 2**20
+    except OSError:
+        return False
 
 
 def write_atomic(path: Path, text: str) -> Path:
