@@ -31,8 +31,10 @@ def test_batch_keeps_order_and_runs_in_parallel(service):
 
 def test_full_queue_pushes_back(fast):
     with SandboxService(fast, slots=1, queue_size=1) as svc:
-        running = svc.submit(ExecRequest("import time\ntime.sleep(0.5)\nprint('a')"))
-        time.sleep(0.2)  # the slot has it; the queue is empty again
+        # long enough that it still runs while the queue is probed below, on a loaded machine too (measured: with
+        # 0.5 s it had ended by then while a docker build ran beside the tests)
+        running = svc.submit(ExecRequest("import time\ntime.sleep(3)\nprint('a')"))
+        time.sleep(1.0)  # the slot has it; the queue is empty again
         queued = svc.submit(ExecRequest("print('b')"), block=False)
         with pytest.raises(QueueFull):
             svc.submit(ExecRequest("print('c')"), block=False)
