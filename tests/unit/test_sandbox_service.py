@@ -2,6 +2,7 @@
 clients, and the same service over HTTP through the batching client (retries, errors), the Docker backend's spec."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ def test_batch_keeps_order_and_runs_in_parallel(service):
 
 
 def test_full_queue_pushes_back(fast):
-    with SandboxService(fast, slots=1, queue_size=1) as svc:
+    with SandboxService(dataclasses.replace(fast, timeout_s=8.0), slots=1, queue_size=1) as svc:
         # long enough that it still runs while the queue is probed below, on a loaded machine too (measured: with
         # 0.5 s it had ended by then while a docker build ran beside the tests)
         running = svc.submit(ExecRequest("import time\ntime.sleep(3)\nprint('a')"))
