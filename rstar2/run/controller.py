@@ -119,11 +119,7 @@ class Controller:
         _, name = actor_names(self.run_id, cfg.engine.num_engines)
         _kill(self.trainer)
         self.trainer = None
-        deadline = time.monotonic() + timeout_s
-        while _find(name) is not None:  # Ray releases a killed actor's name asynchronously
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it was killed")
-            time.sleep(0.2)
+        _await_released(name, timeout_s)
         self.start(cfg, model_dir)
 
     def stop(self) -> None:
@@ -186,11 +182,7 @@ class Controller:
     def _respawn_engine(self, i: int, model_dir: str, timeout_s: float = 60.0) -> None:
         name = actor_names(self.run_id, len(self.engines))[0][i]
         _kill(self.engines[i])
-        deadline = time.monotonic() + timeout_s
-        while _find(name) is not None:  # Ray releases a dead actor's name asynchronously
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"engine {name} still registered {timeout_s:.0f} s after it died")
-            time.sleep(0.2)
+        _await_released(name, timeout_s)
         self.engines[i] = _spawn_engine(name, self._cfg, model_dir, i, self.placement)
         self._engine_info[i] = ray.get(self.engines[i].info.remote())
         self.respawned_engines += 1
@@ -238,11 +230,7 @@ class Controller:
         was, name = self._trainer_state, actor_names(self.run_id, len(self.engines))[1]
         print(f"trainer died ({type(died).__name__}); starting it again from {was.source}", file=sys.stderr, flush=True)
         _kill(self.trainer)
-        deadline = time.monotonic() + timeout_s
-        while _find(name) is not None:  # Ray releases a dead actor's name asynchronously
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"trainer {name} still registered {timeout_s:.0f} s after it died")
-            time.sleep(0.2)
+        _await_released(name, timeout_s)
         self.trainer = _spawn_trainer(name, self._cfg, was.source, self.placement)
         if was.committed:
             self.restore(was.source)
@@ -288,6 +276,15 @@ def _find(name: str):
         return ray.get_actor(name, namespace=cluster.NAMESPACE)
     except ValueError:
         return None
+
+
+def _await_released(name: str, timeout_s: float) -> None:
+    """Until no live actor holds `name` (Ray releases a killed or dead actor's name asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while _find(name) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"actor {name} still registered {timeout_s:.0f} s after it was killed")
+        time.sleep(0.2)
 
 
 def _kill(handle) -> None:

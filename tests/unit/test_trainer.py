@@ -171,12 +171,7 @@ def test_engine_logprobs_and_tis(tiny_model, tmp_path):
     # engine log-probs equal to the trainer's own: "engine" is then exactly "recompute", and TIS weights are 1
     tr = PolicyTrainer(tiny_model, config.TrainerCfg(), seed=0)
     df = pl.read_parquet(uri)
-    own = []
-    for p, r in df.select("prompt_ids", "response_ids").rows():
-        with torch.no_grad():
-            lp = tr.model(input_ids=torch.tensor([p + r])).logits[0, :-1].float().log_softmax(-1)
-        own.append(lp[len(p) - 1:].gather(-1, torch.tensor(r)[:, None]).squeeze(-1).tolist())
-    df.with_columns(response_logprobs=pl.Series(own)).write_parquet(tmp_path / "own.parquet")
+    df.with_columns(response_logprobs=pl.Series(engine_logprobs(tr.model, df))).write_parquet(tmp_path / "own.parquet")
     runs = {}
     for name, kw in {"recompute": {}, "engine": {"old_logprobs": "engine"}, "tis": {"tis_cap": 2.0}}.items():
         t = PolicyTrainer(tiny_model, config.TrainerCfg(lr=1e-3, warmup_steps=1, **kw), seed=0)
