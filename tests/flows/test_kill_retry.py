@@ -29,9 +29,12 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.
          "roc.drop_all_equal=false"]  # every step updates, so the optimizer step count shows whether state came back
 
 
-# what a run must repeat: the health line's figures and the RoC and update figures behind them
+# what a run must repeat: the health line's figures and the RoC and update figures behind them. Not logprob_gap: the
+# engine's log-probs of the same sampled tokens move at the 1e-8 level with how turns are batched together (measured:
+# a mean gap of 5.60e-7 against 5.50e-7 for the same step's tokens, rolled out on one engine and on two), so the two
+# runs' gaps are compared as noise, not to the digit
 FIGURES = ["reward_mean", "tool_error_rate", "format_violation_rate", "response_len_mean", "grad_norm", "loss",
-           "entropy", "logprob_gap", "roc_kept"]
+           "entropy", "roc_kept"]
 
 
 def _campaign(out: Path, log: Path, name: str = "kr", *extra: str) -> subprocess.Popen:
@@ -52,7 +55,7 @@ def _figures(client: mlflow.MlflowClient, summary: dict) -> dict[str, list[float
     stage = client.search_runs([client.get_run(summary["mlflow_run_id"]).info.experiment_id],
                                f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")[0]
     return {k: [m.value for m in sorted(client.get_metric_history(stage.info.run_id, k), key=lambda m: m.step)]
-            for k in FIGURES}
+            for k in FIGURES + ["logprob_gap"]}
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> None:
@@ -117,5 +120,6 @@ def test_a_killed_campaign_resumes_from_its_last_checkpoint_when_retried(tmp_pat
         assert kept[0].equals(kept[1]), f"step {step}: the kept rollouts differ"
     got, want = _figures(client, summary), _figures(client, ref_summary)
     assert all(len(v) == 3 for v in want.values()), want
-    assert got == want
+    assert {k: got[k] for k in FIGURES} == {k: want[k] for k in FIGURES}
+    assert max(got["logprob_gap"] + want["logprob_gap"]) < 1e-5  # both runs sampled from the trainer's weights
     assert summary["pass1_rl"] == ref_summary["pass1_rl"]
