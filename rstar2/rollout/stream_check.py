@@ -55,7 +55,9 @@ def assistant_message(text: str, chat: ChatFormat) -> dict:
 
 def mismatch(traj: Trajectory, question: str, chat: ChatFormat) -> str | None:
     """Where `traj`'s appended ids first differ from the template's rendering of its messages (see the module
-    docstring), as one line; None when every appended token is the template's."""
+    docstring), as one line; None when every appended token is the template's. Each tool turn is rendered with the
+    messages up to it, as the loop saw them: one render of the whole conversation would not do, since a template may
+    write earlier turns differently once later ones follow (two renders a turn, ~1.5 ms a tiny-world trajectory)."""
     name = f"trajectory {traj.problem_id}/{traj.sample_idx}"
     want = chat.encode(chat.prompt(question))
     if traj.prompt_ids != want:

@@ -79,10 +79,17 @@ class DiskFull(OSError):
 
 
 def _out_of_space(e: BaseException, where: Path) -> bool:
-    """Whether `e` came from a full disk: an OSError saying so, or any error (libraries wrap it: torch.save raises a
-    RuntimeError) with under 1 MB left where it was writing."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+    """Whether `e` came from a full disk: an ENOSPC/EDQUOT OSError anywhere in its chain, or its text
+    (safetensors reports the OS error in its message). torch.save's RuntimeError carries neither, so any error with
+    under 1 MB left where it was writing counts too."""
+    full = {os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)}
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(seen) for text in full):
+            return True
+        seen = seen.__cause__ or seen.__context__
     try:
         return isinstance(e, Exception) and shutil.disk_usage(where).free < 2**20
     except OSError:

@@ -43,3 +43,24 @@ def test_torch_save_on_a_full_disk_is_the_same_one_error(small_disk):
     with pytest.raises(checkpoint.DiskFull, match="step-0001"):
         checkpoint.commit(small_disk / "step-0001", torch_writer, {})
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_full_disk_is_recognised_through_wrapping_errors_and_nothing_else_is(tmp_path):
+    import errno
+    import os
+
+    def wrapped(inner: BaseException) -> RuntimeError:
+        try:
+            try:
+                raise inner
+            except BaseException as e:
+                raise RuntimeError("writer failed") from e
+        except RuntimeError as outer:
+            return outer
+
+    assert checkpoint._out_of_space(wrapped(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))), tmp_path)
+    # safetensors names the OS error only in its text
+    assert checkpoint._out_of_space(RuntimeError(f"IoError(Os {{ code: 28, message: \"{os.strerror(errno.ENOSPC)}\" }})"),
+                                    tmp_path)
+    assert not checkpoint._out_of_space(wrapped(OSError(errno.EACCES, os.strerror(errno.EACCES))), tmp_path)
+    assert not checkpoint._out_of_space(ValueError("bad shape"), tmp_path)  # this disk has room
