@@ -226,3 +226,18 @@ def evaluate_table(res: dict) -> Table:
     table.add_row(_pm(res), *(f"{res[f'pass_at_{k}']:.3f}" for k in ks[1:]), str(res["samples"]),
                   str(res["problems"]), f"{res['response_len_mean']:.0f}")
     return table
+
+
+def chaos_table(report: dict) -> Table:
+    """One row per faulted run: where each fault struck, how the run ended, and what differs from the reference."""
+    ref = report["reference"]
+    table = Table(title=f"rstar2 chaos '{report['preset']}': each run against the same run without faults "
+                        f"({ref['steps']} RL steps, held-out pass@1 {ref['pass1']})")
+    for col in ("faults", "struck at", "verdict", "runs", "wall s", "differences"):
+        table.add_column(col, justify="right" if col in ("runs", "wall s") else "left")
+    for r in report["rows"]:
+        struck = "\n".join(f"{f}: {r['struck'].get(f, 'not injected')}" for f in r["faults"])
+        table.add_row("+".join(r["faults"]), escape(struck), r["verdict"], str(r["attempts"]),
+                      "" if r["wall_s"] is None else f"{r['wall_s']:.0f}",
+                      escape("\n".join(r["differences"])) or "none")
+    return table

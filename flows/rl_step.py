@@ -35,11 +35,10 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
     update = rl.grpo_update(run, kept)
     meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
-    ckpt = rl.checkpoint(run, {"batch": batch, "sandbox": sandbox, "update": update},
+    ckpt = rl.checkpoint(run, {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update},
                          str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
-    metrics = {**{k: v for k, v in rolled.items() if k not in ("uri", "sandbox")}, **batch, **sandbox,
-               **{k: v for k, v in kept.items() if k != "uri"}, **update}
+    metrics = rl.step_figures({"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update})
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         ev = evaluate_loaded(cfg, run, rl.ModelRef(dir=ckpt, meta=meta, step=global_step + 1), cfg.eval.split,
                              str(run.layout.step_eval(stage.name, step)))

@@ -40,12 +40,14 @@ def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) ->
     if done := runstate.finished(layout, stage):
         return done
     metric = stage.plateau.metric if stage.plateau else "reward_mean"
+    checkpoint.sweep(layout.checkpoints(stage.name))  # what a killed run left half-written
     committed = runstate.committed_steps(layout, stage)  # steps this stage already finished
     rows = [{"step": checkpoint.manifest(d)["step"], **checkpoint.manifest(d).get("metrics", {})} for d in committed]
     tags = {"stage": stage.name, **({"ablation": cfg.ablation} if cfg.ablation else {})}
     _, run_id = track.open_run(track.RunSpec(
         experiment=cfg.experiment, out_dir=cfg.out_dir, name=f"stage-{stage.name}", key=f"{layout.root}#{stage.name}",
         parent_id=run.mlflow_run_id, tags=tags, params=stage.model_dump(), link_key=_key(stage, "mlflow")))
+    track.log_unlogged_steps(rows, global_step0, stage.name, (run_id, run.mlflow_run_id))  # died after a commit
     step = len(rows)
     progress = create_progress_artifact(step / max(1, stage.steps) * 100, key=_key(stage, "progress"),
                                         description=_progress_line(stage, rows[-1] if rows else {"step": 0}))

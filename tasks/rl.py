@@ -127,15 +127,22 @@ def grpo_update(run: RunRef, roc: dict) -> dict:
     return controller(run).update(roc["uri"])
 
 
+def step_figures(parts: dict) -> dict:
+    """A step's figures from its tasks' outputs ({"rollout", "batch", "sandbox", "roc", "update"}): every number
+    but the tables' URIs and the sandbox's own record."""
+    return {k: v for part in parts.values() for k, v in part.items() if k not in ("uri", "sandbox")}
+
+
 @task(name="checkpoint", cache_policy=None)
 @costs.work
 def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last: int | None = None) -> str:
-    """Commit the trainer state atomically (the step's `figures`, {"batch", "sandbox", "update"}, sealed in its
-    manifest), load the new weights into every engine in place (from the checkpoint or from the trainer's memory),
-    delete the stage's checkpoints older than the newest `keep_last` (checkpoint.keep_last), record the checkpoint as
-    an MLflow LoggedModel and announce it (evaluation deployments trigger on the event)."""
+    """Commit the trainer state atomically (the step's figures, `step_figures(figures)`, sealed in its manifest: a
+    resumed run logs from it a step whose process died after the commit), load the new weights into every engine in
+    place (from the checkpoint or from the trainer's memory), delete the stage's checkpoints older than the newest
+    `keep_last` (checkpoint.keep_last), record the checkpoint as an MLflow LoggedModel and announce it (evaluation
+    deployments trigger on the event)."""
     ctl = controller(run)
-    meta = {**meta, "metrics": {**figures["batch"], **figures["sandbox"], **figures["update"]}}
+    meta = {**meta, "metrics": step_figures(figures)}
     path = ctl.save(ckpt_dir, meta)
     ctl.sync_trained(path)
     ckpt.prune(Path(path).parent, keep_last)  # after the commit: the newest is never among the deleted

@@ -95,6 +95,24 @@ def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
         end_run(run_id)
 
 
+def _step_writes(rows: list[dict], global_step0: int, stage: str) -> tuple[int, dict, dict, dict]:
+    """The last of `rows` as written: its global step, the campaign run's headline figures, the stage run's metrics
+    and the collapse tags; prints its health line and, if it fired, the collapse alert."""
+    row, step = rows[-1], global_step0 + rows[-1]["step"]
+    fired = health.collapse_alert(rows)
+    print(f"[{stage}] {health.health_line(row, step)}", flush=True)
+    if fired:
+        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
+    tags = {}
+    if first := health.first_collapse(rows):
+        i, what = first
+        tags = {"alert.collapse": f"step {global_step0 + rows[i]['step']}: {'; '.join(what)}",
+                "alert.collapse_step": global_step0 + rows[i]["step"]}
+    headline = {k: row[k] for k in ("reward_mean", "tool_error_rate_pos") if k in row}
+    metrics = {k: v for k, v in row.items() if k != "step" and not k.startswith("eval_")}
+    return step, headline, {**metrics, "collapse_alert": float(fired is not None)}, tags
+
+
 @task(name="log-step", cache_policy=None)
 def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str],
              since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
@@ -107,22 +125,33 @@ def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, s
     (costs.mark()) to just before the stage run's write, which therefore counts in the next step's; returns the step's
     cost figures and that mark. Orchestration itself: no work."""
     run_id, parent_run_id = runs  # the stage's MLflow run and the campaign's (or the seed's)
-    row, step = rows[-1], global_step0 + rows[-1]["step"]
-    fired = health.collapse_alert(rows)
-    print(f"[{stage}] {health.health_line(row, step)}", flush=True)
-    if fired:
-        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
-    tags = {}
-    if first := health.first_collapse(rows):
-        i, what = first
-        tags = {"alert.collapse": f"step {global_step0 + rows[i]['step']}: {'; '.join(what)}",
-                "alert.collapse_step": global_step0 + rows[i]["step"]}
+    step, headline, metrics, tags = _step_writes(rows, global_step0, stage)
     with costs.mlflow():
-        tracking.log_metrics(parent_run_id, {k: row[k] for k in ("reward_mean", "tool_error_rate_pos") if k in row},
-                             step)
+        tracking.log_metrics(parent_run_id, headline, step)
     end = costs.mark()
     cost = costs.overhead(since, end)
-    metrics = {k: v for k, v in row.items() if k != "step" and not k.startswith("eval_")}
     with costs.mlflow():
-        tracking.log_metrics(run_id, {**metrics, "collapse_alert": float(fired is not None), **cost}, step, tags=tags)
+        tracking.log_metrics(run_id, {**metrics, **cost}, step, tags=tags)
     return cost, end
+
+
+@task(name="log-unlogged-steps", cache_policy=None)
+@costs.work
+def log_unlogged_steps(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str]) -> list[int]:
+    """The committed steps of a resumed stage (`rows`, from their checkpoints' manifests) that MLflow never got,
+    logged now as `log_step` would have (without the orchestration cost, which died with the process): the process
+    died between a checkpoint's commit and its step's write. Each step is then in MLflow exactly once. Returns their
+    global steps."""
+    run_id, parent_run_id = runs
+    with costs.mlflow():
+        logged = {m.step for m in tracking.client().get_metric_history(run_id, "reward_mean")}
+    done = []
+    for i, row in enumerate(rows):
+        if global_step0 + row["step"] in logged:
+            continue
+        step, headline, metrics, tags = _step_writes(rows[:i + 1], global_step0, stage)
+        with costs.mlflow():
+            tracking.log_metrics(parent_run_id, headline, step)
+            tracking.log_metrics(run_id, metrics, step, tags=tags)
+        done.append(step)
+    return done

@@ -153,6 +153,35 @@ def hold(ckpt_dir: Path):
         marker.unlink(missing_ok=True)
 
 
+def sweep(root: Path, prefix: str = STEP_PREFIX) -> list[Path]:
+    """Delete what dead writers left under `root`: `.tmp-<name>-<pid>-<ns>` directories whose process is gone (a
+    commit killed mid-write) and uncommitted `<prefix>*` directories (a prune killed mid-delete). A resumed run calls
+    it before it writes again; a live writer's temporary directory stays. Returns what was deleted."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    gone = []
+    for d in root.iterdir():
+        if not d.is_dir():
+            continue
+        pid = d.name.rsplit("-", 2)[-2] if d.name.startswith(".tmp-") and d.name.count("-") >= 3 else None
+        dead_tmp = pid is not None and pid.isdigit() and not _alive(int(pid))
+        if dead_tmp or (d.name.startswith(prefix) and not is_committed(d)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def prune(root: Path, keep_last: int | None, prefix: str = STEP_PREFIX) -> list[Path]:
     """Delete the committed checkpoints under `root` older than its newest `keep_last`, except held ones (`hold`);
     returns what was deleted. Uncommitted `.tmp-*` directories are not touched (a commit may be writing one)."""

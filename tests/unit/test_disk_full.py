@@ -64,3 +64,18 @@ def test_a_full_disk_is_recognised_through_wrapping_errors_and_nothing_else_is(t
                                     tmp_path)
     assert not checkpoint._out_of_space(wrapped(OSError(errno.EACCES, os.strerror(errno.EACCES))), tmp_path)
     assert not checkpoint._out_of_space(ValueError("bad shape"), tmp_path)  # this disk has room
+
+
+def test_a_resumed_run_sweeps_what_dead_writers_left_and_keeps_the_rest(tmp_path):
+    import os
+
+    root = tmp_path / "checkpoints"
+    kept = checkpoint.commit(root / "step-0001", _write(0.001), {"step": 1})
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = [root / f".tmp-step-0002-{dead.pid}-123", root / "step-0000"]  # killed mid-commit; mid-prune (no manifest)
+    live = root / f".tmp-step-0002-{os.getpid()}-456"  # a commit being written now
+    for d in left + [live]:
+        d.mkdir()
+    assert sorted(checkpoint.sweep(root)) == sorted(left)
+    assert sorted(p.name for p in root.iterdir()) == sorted([kept.name, live.name])

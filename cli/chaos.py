@@ -1,0 +1,495 @@
+"""`rstar2 chaos`: kill parts of a running campaign, and check that the run they leave is the run without them.
+
+A shrunken campaign of the preset (a few RL steps, see SHRINK) runs once without faults (`ref`). Then, from the
+reference's SFT model, it runs again once per row of the plan, with each of the row's faults injected at its point,
+in turn (a fault waits for the one before it in its row). A
+run that stops with an error is retried with the same command (what the Prefect UI's Retry does), at most once per
+fault of its row. Verdicts:
+
+    recovered   the run ended by itself and every check below holds
+    retried     the run stopped with one error, a retry ended it, and every check below holds
+    lost        the run ended, but a check failed (named)
+    failed      a fault could not be injected, or the run did not end even on retry
+
+Checks, against the reference: each step's figures (reward, tool errors, format, length, grad norm, loss, entropy,
+RoC kept) and the held-out pass@1 to the last digit; each step's kept rollouts (a hash of problem, sample, tokens,
+reward); each step's rollout table holding every (problem, sample) once and the same ones; each step in MLflow exactly
+once; every checkpoint committed, with the trainer's optimizer step counting on, none left half-written, and none that
+was committed before a retry written again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from rstar2.run import checkpoint
+from rstar2.run.layout import RunLayout
+
+# the shrunken campaign: three RL steps of a few prompts; every step updates (drop_all_equal off), so the optimizer
+# step count shows whether the trainer's state came back
+SHRINK = ["stages.0.steps=3", "stages.0.prompts_per_step=3", "rollout.group_size=4", "eval.samples=1",
+          "roc.drop_all_equal=false"]
+# and for the tiny world (no world.base_model): fewer problems, shorter answers. Its SFT stays the preset's: a weaker
+# model earns no reward, so its updates are zero and a wrong trainer state after a fault would go unseen
+SHRINK_TINY_WORLD = ["world.n_train=40", "world.n_test=20", "rollout.max_response_tokens=160",
+                     "eval.max_response_tokens=160", "world.max_positions=512"]
+# what a run must repeat to the digit. Not logprob_gap: the engine's log-probs of the same tokens move at the 1e-8
+# level with how turns are batched together (one engine instead of two), so it is compared as noise (GAP_NOISE)
+FIGURES = ["reward_mean", "tool_error_rate", "format_violation_rate", "response_len_mean", "grad_norm", "loss",
+           "entropy", "roc_kept"]
+GAP_NOISE = 1e-5
+TIMEOUT_S = 1800.0  # one run of the shrunken campaign, at most
+
+
+@dataclass
+class Run:
+    """One campaign process of a row and what the injection needs to see of it."""
+    layout: RunLayout
+    stage: str
+    log: Path
+    proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # set in the campaign's environment
+    state: dict = field(default_factory=dict)  # what the faults keep between looks
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def actors(self, cls: str) -> list[psutil.Process]:
+        return [p for p in self.children() if _cmdline(p)[:1] and _cmdline(p)[0].startswith(f"ray::{cls}")]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class Fault:
+    """A fault: when it is due (`due`), what it does (`inject`: returns where it struck, or raises Unready to wait),
+    and what to do before a retry (`mend`: e.g. free the disk)."""
+    name: str
+    point: str
+    due: Callable[[Run], bool]
+    inject: Callable[[Run], str]
+    mend: Callable[[Run], None] = lambda run: None
+    prepare: Callable[[Run], None] = lambda run: None  # before the run starts
+    cleanup: Callable[[Run], None] = lambda run: None  # after the row, whatever happened
+
+
+class Unready(Exception):
+    """The fault's point has come but not its moment (e.g. no call in flight yet): try again shortly."""
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _busy(procs: list[psutil.Process], above: float = 30.0) -> list[psutil.Process]:
+    """Those of `procs` using more than `above` % of a core over a short look (an engine that is generating)."""
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(0.3)
+    out = []
+    for p in procs:
+        try:
+            if p.cpu_percent(None) > above:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _where(run: Run, step: int) -> str:
+    """Where the run is within RL step `step` (0-based): before its rollout table is written, or after."""
+    written = (run.layout.step_dir(run.stage, step) / "rollouts.parquet").exists()
+    return f"step {step + 1}, {'after its rollout' if written else 'rollout under way'}"
+
+
+# --- the faults
+
+def _sft_evaluated(run: Run) -> bool:
+    return run.layout.sft_record("test").exists()
+
+
+def _kill_engine(run: Run) -> str:
+    engines = run.actors("EngineActor")
+    busy = _busy(engines)
+    if not busy:
+        raise Unready("no engine is generating yet")
+    busy[0].kill()
+    return f"{_where(run, 0)}: engine pid {busy[0].pid} (of {len(engines)})"
+
+
+def _kept(step: int) -> Callable[[Run], bool]:
+    return lambda run: (run.layout.step_dir(run.stage, step) / "kept.parquet").exists()
+
+
+def _kill_trainer(run: Run) -> str:
+    trainers = run.actors("PolicyTrainer")
+    if not trainers:
+        raise Unready("no trainer process")
+    for t in trainers:
+        t.kill()
+    return f"step 1, update under way: trainer pid {trainers[0].pid}"
+
+
+def _zygotes(run: Run) -> list[psutil.Process]:
+    """The sandbox's executors: zygote processes whose parent is not one (their forks run the calls)."""
+    procs = [p for p in run.children() if any(a.endswith("zygote.py") for a in _cmdline(p)[:4])]
+    pids = {p.pid for p in procs}
+    return [p for p in procs if p.ppid() not in pids]
+
+
+def _in_call(zygote: psutil.Process) -> bool:
+    """Whether the executor runs a call now: it forks one process per call, long after it started (a fork made at
+    its start, the namespace's first process, is not a call)."""
+    born = zygote.create_time()
+    return any(p.create_time() - born > 1.0 for p in zygote.children(recursive=True))
+
+
+def _kill_executor(run: Run) -> str:
+    """SIGKILL a sandbox executor (zygote) while it runs a call; if the step's rollout ends with none seen in flight
+    (a model that calls no tool), every executor between calls, the next call starting them again."""
+    zygotes = _zygotes(run)
+    for z in zygotes:
+        try:
+            busy = _in_call(z)
+        except psutil.Error:
+            continue
+        if busy:
+            z.kill()
+            return f"{_where(run, 0)}: executor pid {z.pid} mid-call"
+    if zygotes and _rolled(0)(run):
+        for z in zygotes:
+            z.kill()
+        return f"step 1, after its rollout: {len(zygotes)} executors between calls (no call was seen in flight)"
+    raise Unready("no call in flight")
+
+
+def _rolled(step: int) -> Callable[[Run], bool]:
+    return lambda run: (run.layout.step_dir(run.stage, step) / "rollouts.parquet").exists()
+
+
+def _kill_flow(run: Run) -> str:
+    os.killpg(run.proc.pid, signal.SIGKILL)
+    return "step 2, once its rollout table is written: the campaign's process group"
+
+
+def _committed(step: int) -> Callable[[Run], bool]:
+    return lambda run: checkpoint.is_committed(run.layout.checkpoint(run.stage, step))
+
+
+def _disk_prepare(run: Run) -> None:
+    """The run's checkpoints on a filesystem of their own (tmpfs, 2 GB at most, memory used only as written)."""
+    d = run.layout.checkpoints(run.stage)
+    d.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(d)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"mounting a small filesystem for the checkpoints needs root: {res.stderr.strip()}")
+
+
+def _ballast(run: Run) -> Path:
+    return run.layout.checkpoints(run.stage) / ".ballast"
+
+
+def _fill_disk(run: Run) -> str:
+    """Fill the checkpoints' filesystem to its last 256 KB at once (fallocate): the next checkpoint cannot be
+    written."""
+    with open(_ballast(run), "wb") as f:
+        size = shutil.disk_usage(run.layout.checkpoints(run.stage)).free - 2**18
+        while size > 2**18:  # the run may write meanwhile: take less until it fits
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+                break
+            except OSError:
+                size //= 2
+    return "after step 1's checkpoint: the checkpoints' disk filled"
+
+
+def _disk_cleanup(run: Run) -> None:
+    _ballast(run).unlink(missing_ok=True)
+
+
+def _disk_unmount(run: Run) -> None:
+    """Copy the checkpoints off the small filesystem (for the checks), then unmount it."""
+    d = run.layout.checkpoints(run.stage)
+    keep = d.with_name(d.name + ".kept")
+    _disk_cleanup(run)
+    shutil.copytree(d, keep, dirs_exist_ok=True)
+    subprocess.run(["umount", str(d)], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
+    keep.rename(d)
+
+
+def _mlflow_stop(run: Run) -> str:
+    server = run.state["mlflow_server"]
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=60)
+    run.state["mlflow_down_at"] = time.monotonic()
+    return "step 2 starts: the MLflow server stopped"
+
+
+def fault_table(outage_s: float) -> dict[str, Fault]:
+    """Every fault the command knows, by name."""
+    return {f.name: f for f in [
+        Fault("engine", "step 1 rollout", _sft_evaluated, _kill_engine),
+        Fault("executor", "step 1 rollout", _sft_evaluated, _kill_executor),
+        Fault("trainer", "step 1 update", _kept(0), _kill_trainer),
+        Fault("flow", "step 2, before its update", _rolled(1), _kill_flow),
+        Fault("disk", "step 2 checkpoint", _committed(1), _fill_disk, mend=_disk_cleanup, prepare=_disk_prepare,
+              cleanup=_disk_unmount),
+        Fault("mlflow", f"step 2, for {outage_s:.0f} s", _committed(1), _mlflow_stop),
+    ]}
+
+
+# --- running a row
+
+def campaign_cmd(preset: str, overrides: list[str], out: Path, name: str, sft: Path | None) -> list[str]:
+    sets = [a for s in overrides + [f"out_dir={out}"] for a in ("--set", s)]
+    return [sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", preset, "--run-name", name, *sets,
+            *(["--sft-checkpoint", str(sft)] if sft else [])]
+
+
+def _start(run: Run, cmd: list[str]) -> None:
+    env = {**os.environ, **run.env}
+    run.proc = subprocess.Popen(cmd, stdout=run.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
+
+
+def _drive(run: Run, pending: list[Fault], struck: dict[str, str], outage_s: float, deadline: float) -> None:
+    """Wait for the run to end, injecting the first pending fault once it is due."""
+    while run.alive():
+        if time.monotonic() > deadline:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            raise TimeoutError(f"{run.layout.name} ran past {TIMEOUT_S:.0f} s")
+        f = pending[0] if pending else None  # a row's faults strike in turn: each after the one before it
+        if f is not None and f.due(run):
+            try:
+                struck[f.name] = f.inject(run)
+                pending.remove(f)
+            except Unready:
+                pass
+            except psutil.Error as e:  # the process ended between finding it and the signal
+                struck[f.name] = f"could not be injected: {e}"
+                pending.remove(f)
+        down = run.state.get("mlflow_down_at")
+        if down is not None and time.monotonic() - down >= outage_s:
+            _mlflow_start(run)
+        time.sleep(0.05)
+
+
+def _mlflow_start(run: Run) -> None:
+    """The row's MLflow server up again after its outage."""
+    run.state["mlflow_server"] = run.state["start_mlflow"]()
+    run.state.pop("mlflow_down_at", None)
+
+
+def run_row(run: Run, cmd: list[str], faults: list[Fault], outage_s: float) -> dict:
+    """One row: the run with its faults, retried (at most once per fault) while it stops with an error. Returns how it
+    went."""
+    struck: dict[str, str] = {}
+    committed_before: dict[str, str] = {}
+    t0, attempts = time.monotonic(), 0
+    pending = list(faults)
+    try:
+        for f in faults:
+            f.prepare(run)
+        for attempts in range(1, len(faults) + 2):
+            _start(run, cmd)
+            _drive(run, pending, struck, outage_s, t0 + TIMEOUT_S)
+            if run.proc.returncode == 0 or attempts == len(faults) + 1:
+                break
+            committed_before |= {c.name: checkpoint.manifest(c)["committed_at"]
+                                for c in checkpoint.committed(run.layout.checkpoints(run.stage))}
+            for f in faults:
+                f.mend(run)
+            if "mlflow_down_at" in run.state:  # the server comes back before the retry
+                _mlflow_start(run)
+        if "mlflow_down_at" in run.state:  # and before the run's records are read
+            _mlflow_start(run)
+    finally:
+        for f in faults:
+            f.cleanup(run)
+    return {"returncode": run.proc.returncode, "attempts": attempts, "struck": struck,
+            "not_injected": [f.name for f in pending], "committed_before_retry": committed_before,
+            "wall_s": round(time.monotonic() - t0, 1)}
+
+
+# --- what a run left
+
+def _client(uri: str):
+    import mlflow
+
+    return mlflow.MlflowClient(uri)
+
+
+def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
+    """The figures and records a run left, as the checks compare them."""
+    import polars as pl
+
+    summary = json.loads(layout.summary.read_text()) if layout.summary.exists() else {}
+    out: dict = {"pass1": summary.get("pass1_rl"), "steps": summary.get("steps"), "figures": {}, "mlflow_steps": {}}
+    if summary.get("mlflow_run_id"):
+        client = _client(tracking_uri)
+        exp = client.get_run(summary["mlflow_run_id"]).info.experiment_id
+        stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
+        for r in stages:
+            for m in FIGURES + ["logprob_gap"]:
+                hist = sorted(client.get_metric_history(r.info.run_id, m), key=lambda h: h.step)
+                out["figures"].setdefault(m, []).extend(h.value for h in hist)
+                out["mlflow_steps"].setdefault(m, []).extend(h.step for h in hist)
+    out["kept"], out["rollouts"] = [], []
+    for kept in layout.step_tables(stage, "kept.parquet"):
+        rows = pl.read_parquet(kept).select("problem_id", "sample_idx", "response_ids", "reward")
+        out["kept"].append(hashlib.sha256(rows.sort("problem_id", "sample_idx").write_json().encode()).hexdigest())
+    for rolled in layout.step_tables(stage, "rollouts.parquet"):
+        keys = pl.read_parquet(rolled).select("problem_id", "sample_idx")
+        out["rollouts"].append({"rows": keys.height, "unique": keys.unique().height,
+                                "keys": hashlib.sha256(keys.sort("problem_id", "sample_idx").write_json().encode())
+                                .hexdigest()})
+    ckpts = layout.checkpoints(stage)
+    out["checkpoints"] = [{"name": c.name, "committed": checkpoint.is_committed(c),
+                           "optimizer_step": checkpoint.manifest(c).get("optimizer_step")
+                           if checkpoint.is_committed(c) else None,
+                           "committed_at": checkpoint.manifest(c).get("committed_at")
+                           if checkpoint.is_committed(c) else None}
+                          for c in sorted(ckpts.iterdir()) if c.is_dir()] if ckpts.is_dir() else []
+    out["leftovers"] = sorted(p.name for p in ckpts.iterdir() if p.name.startswith(".")) if ckpts.is_dir() else []
+    return out
+
+
+def differences(got: dict, ref: dict, committed_before: dict[str, str]) -> list[str]:
+    """What differs from the reference run, or breaks a rule on its own, one line each (empty: nothing)."""
+    diffs = []
+    for m in FIGURES:
+        if got["figures"].get(m) != ref["figures"].get(m):
+            diffs.append(f"{m} per step {got['figures'].get(m)} != {ref['figures'].get(m)}")
+    gaps = got["figures"].get("logprob_gap", [])
+    if any(g >= GAP_NOISE for g in gaps):
+        diffs.append(f"logprob_gap {max(gaps):.2e} >= {GAP_NOISE:g} (the engines sampled from other weights)")
+    if got["pass1"] != ref["pass1"]:
+        diffs.append(f"held-out pass@1 {got['pass1']} != {ref['pass1']}")
+    for m, steps in got["mlflow_steps"].items():
+        if sorted(steps) != sorted(set(steps)) or len(steps) != len(ref["mlflow_steps"].get(m, [])):
+            diffs.append(f"MLflow {m} steps {steps} (reference {ref['mlflow_steps'].get(m)})")
+            break
+    if got["kept"] != ref["kept"]:
+        diffs.append(f"kept rollouts differ at steps "
+                     f"{[i + 1 for i, (a, b) in enumerate(zip(got['kept'], ref['kept'])) if a != b] or 'count'}")
+    for i, (a, b) in enumerate(zip(got["rollouts"], ref["rollouts"])):
+        if a["rows"] != a["unique"]:
+            diffs.append(f"step {i + 1}: {a['rows'] - a['unique']} rollouts counted twice")
+        if a["keys"] != b["keys"]:
+            diffs.append(f"step {i + 1}: the rollout table holds other (problem, sample) pairs ({a['unique']} of "
+                         f"{b['unique']})")
+    if len(got["rollouts"]) != len(ref["rollouts"]):
+        diffs.append(f"{len(got['rollouts'])} rollout tables, reference {len(ref['rollouts'])}")
+    half = [c["name"] for c in got["checkpoints"] if not c["committed"]] + got["leftovers"]
+    if half:
+        diffs.append(f"half-written checkpoints or leftovers: {half}")
+    steps = [c["optimizer_step"] for c in got["checkpoints"] if c["committed"]]
+    if steps != [c["optimizer_step"] for c in ref["checkpoints"] if c["committed"]]:
+        diffs.append(f"optimizer steps at the checkpoints {steps} (reference "
+                     f"{[c['optimizer_step'] for c in ref['checkpoints']]})")
+    again = [c["name"] for c in got["checkpoints"] if c["name"] in committed_before
+             and c["committed_at"] != committed_before[c["name"]]]
+    if again:
+        diffs.append(f"checkpoints written again after the retry: {again}")
+    return diffs
+
+
+def verdict(row: dict) -> str:
+    if row["not_injected"] or any(s.startswith("could not") for s in row["struck"].values()):
+        return "failed"
+    if row["returncode"] != 0:
+        return "failed"
+    if row["differences"]:
+        return "lost"
+    return "recovered" if row["attempts"] == 1 else "retried"
+
+
+# --- the command's work
+
+DEFAULT_ROWS = ["engine", "executor", "trainer", "flow", "disk", "mlflow"]
+
+
+def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
+    """`a+b` puts faults a and b in one run (a row); each name must be known."""
+    parsed = [r.split("+") for r in rows]
+    unknown = sorted({n for r in parsed for n in r} - set(known))
+    if unknown:
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return parsed
+
+
+def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: float,
+              say: Callable[[str], None] = print) -> dict:
+    """The reference run, then each row; returns every figure the table shows (see the module docstring)."""
+    from rstar2.cli import services
+    from rstar2.run import config, tracking
+    from rstar2.run.net import free_port
+
+    known = fault_table(outage_s)
+    plan = parse_rows(rows, known)
+    cfg = config.load(preset, overrides)
+    sets = SHRINK + ([] if cfg.world.base_model else SHRINK_TINY_WORLD) + list(overrides)  # the user's win
+    cfg = config.load(preset, sets)
+    stage = cfg.stages[0].name
+    out = Path(cfg.out_dir).resolve() / "chaos" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True)
+    uri = tracking.store_uri(str(out))
+
+    ref = Run(RunLayout.of(out, "ref"), stage, out / "ref.log")
+    say(f"reference run (no faults) -> {ref.layout.top}")
+    ref_row = run_row(ref, campaign_cmd(preset, sets, out, "ref", None), [], outage_s)
+    if ref_row["returncode"] != 0:
+        raise RuntimeError(f"the reference run failed (exit {ref_row['returncode']}); its log: {ref.log}")
+    want = results(ref.layout, stage, uri)
+    report = {"preset": preset, "overrides": sets, "out_dir": str(out), "reference": {
+        "wall_s": ref_row["wall_s"], "pass1": want["pass1"], "steps": want["steps"]}, "rows": []}
+    for faults in plan:
+        name = "+".join(faults)
+        run = Run(RunLayout.of(out, name), stage, out / f"{name}.log")
+        row_uri, server = uri, None
+        if "mlflow" in faults:  # this row tracks to a server of its own, which the fault stops and starts again
+            port, store = free_port(), out / f"{name}-mlflow"
+            run.state["start_mlflow"] = lambda: services.start_mlflow(port, store, out / f"{name}-mlflow.log")
+            run.state["mlflow_server"] = run.state["start_mlflow"]()
+            row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+        say(f"row {name}: {', '.join(known[f].point for f in faults)} -> {run.layout.top}")
+        try:
+            row = run_row(run, campaign_cmd(preset, sets, out, name, ref.layout.sft), [known[f] for f in faults],
+                          outage_s)
+            got = results(run.layout, stage, row_uri)
+            row["differences"] = differences(got, want, row.pop("committed_before_retry"))
+        except (RuntimeError, OSError, TimeoutError) as e:
+            row = {"returncode": None, "attempts": 0, "struck": {}, "not_injected": faults, "wall_s": None,
+                   "differences": [str(e)]}
+        finally:
+            if run.state.get("mlflow_server") is not None:
+                services.stop_tree(services.tree(run.state["mlflow_server"]), grace_s=10)
+        row.update(faults=faults, point={f: known[f].point for f in faults}, log=str(run.log))
+        row["verdict"] = verdict(row)
+        say(f"row {name}: {row['verdict']}" + "".join(f"\n  {d}" for d in row["differences"]))
+        report["rows"].append(row)
+    report["all_recovered"] = all(r["verdict"] in ("recovered", "retried") for r in report["rows"])
+    return report

@@ -1,0 +1,89 @@
+"""The chaos command's checks on hand-made run records: what counts as a difference from the reference run, and each
+verdict (the runs themselves are in tests/flows/test_chaos.py)."""
+
+import copy
+
+import pytest
+
+from rstar2.cli import chaos
+
+
+def record(**change) -> dict:
+    rec = {"pass1": 0.5, "steps": 3,
+           "figures": {**{m: [0.1, 0.2, 0.3] for m in chaos.FIGURES}, "logprob_gap": [1e-7, 2e-7, 1e-7]},
+           "mlflow_steps": {m: [1, 2, 3] for m in chaos.FIGURES + ["logprob_gap"]},
+           "kept": ["a", "b", "c"],
+           "rollouts": [{"rows": 24, "unique": 24, "keys": k} for k in "xyz"],
+           "checkpoints": [{"name": f"step-000{i}", "committed": True, "optimizer_step": i, "committed_at": f"t{i}"}
+                           for i in (1, 2, 3)],
+           "leftovers": []}
+    rec.update(change)
+    return rec
+
+
+def test_the_same_run_differs_in_nothing():
+    assert chaos.differences(record(), record(), {"step-0001": "t1"}) == []
+
+
+def test_each_kind_of_difference_is_named():
+    ref = record()
+    got = copy.deepcopy(ref)
+    got["figures"]["grad_norm"][1] = 0.2000001
+    assert chaos.differences(got, ref, {}) == ["grad_norm per step [0.1, 0.2000001, 0.3] != [0.1, 0.2, 0.3]"]
+    checks = {
+        "held-out pass@1": record(pass1=0.49),
+        "logprob_gap": record(figures={**ref["figures"], "logprob_gap": [1e-7, 0.02, 1e-7]}),
+        "MLflow reward_mean steps [1, 2, 2, 3]": record(mlflow_steps={**ref["mlflow_steps"],
+                                                                      "reward_mean": [1, 2, 2, 3]}),
+        "kept rollouts differ at steps [2]": record(kept=["a", "B", "c"]),
+        "step 3: 2 rollouts counted twice": record(rollouts=ref["rollouts"][:2] + [{"rows": 26, "unique": 24,
+                                                                                      "keys": "z"}]),
+        "step 1: the rollout table holds other": record(rollouts=[{"rows": 23, "unique": 23, "keys": "w"}]
+                                                        + ref["rollouts"][1:]),
+        "half-written checkpoints or leftovers: ['.tmp-step-0003-1']": record(leftovers=[".tmp-step-0003-1"]),
+        "optimizer steps at the checkpoints [1, 1, 2]": record(checkpoints=[
+            {**c, "optimizer_step": s} for c, s in zip(ref["checkpoints"], (1, 1, 2))]),
+    }
+    for want, got in checks.items():
+        diffs = chaos.differences(got, ref, {})
+        assert len(diffs) == 1 and diffs[0].startswith(want), (want, diffs)
+    # a checkpoint committed before the retry and committed again after it: a step done twice
+    assert chaos.differences(record(), ref, {"step-0001": "t0"}) == ["checkpoints written again after the retry: "
+                                                                     "['step-0001']"]
+
+
+@pytest.mark.parametrize("row, want", [
+    ({"returncode": 0, "attempts": 1, "struck": {"engine": "step 1"}, "not_injected": [], "differences": []},
+     "recovered"),
+    ({"returncode": 0, "attempts": 2, "struck": {"flow": "step 2"}, "not_injected": [], "differences": []},
+     "retried"),
+    ({"returncode": 0, "attempts": 1, "struck": {"engine": "step 1"}, "not_injected": [], "differences": ["x"]},
+     "lost"),
+    ({"returncode": 1, "attempts": 2, "struck": {"disk": "step 2"}, "not_injected": [], "differences": []},
+     "failed"),
+    ({"returncode": 0, "attempts": 1, "struck": {}, "not_injected": ["trainer"], "differences": []}, "failed"),
+])
+def test_verdicts(row, want):
+    assert chaos.verdict(row) == want
+
+
+def test_an_unknown_fault_is_refused_before_anything_runs():
+    known = chaos.fault_table(60)
+    assert chaos.parse_rows(["engine+trainer", "flow"], known) == [["engine", "trainer"], ["flow"]]
+    with pytest.raises(ValueError, match="unknown fault.*gpu; known: engine, executor"):
+        chaos.parse_rows(["engine+gpu"], known)
+
+
+def test_the_check_that_stopped_a_run_is_found_under_the_errors_around_it():
+    from rstar2.cli.main import _run_stop
+    from rstar2.run.checkpoint import DiskFull
+
+    full = DiskFull(28, "step-0002: the disk filled up while it was written")
+    try:
+        try:
+            raise full
+        except DiskFull as e:
+            raise RuntimeError("task run failed") from e
+    except RuntimeError as wrapped:
+        assert _run_stop(wrapped) is full
+    assert _run_stop(RuntimeError("something else")) is None
