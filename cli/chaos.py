@@ -127,7 +127,8 @@ def _where(run: Run, step: int) -> str:
 # --- the faults
 
 def _sft_evaluated(run: Run) -> bool:
-    return run.layout.sft_record("test").exists()
+    """The SFT model's evaluation is recorded: RL starts next."""
+    return run.layout.sft_record(run.state.get("split", "test")).exists()
 
 
 def _kill_engine(run: Run) -> str:
@@ -199,10 +200,17 @@ def _committed(step: int) -> Callable[[Run], bool]:
 
 
 def _disk_prepare(run: Run) -> None:
-    """The run's checkpoints on a filesystem of their own (tmpfs, 2 GB at most, memory used only as written)."""
+    """The run's checkpoints on a filesystem of their own: a tmpfs sized for ten copies of the SFT model (weights,
+    optimizer state, a few checkpoints), in memory, so at most half of it."""
     d = run.layout.checkpoints(run.stage)
+    model_mb = sum(f.stat().st_size for f in Path(run.state["sft"]).rglob("*") if f.is_file()) / 2**20
+    size_mb = max(256, int(10 * model_mb))
+    if size_mb > psutil.virtual_memory().total / 2**21:
+        raise RuntimeError(f"the disk row needs a {size_mb} MB tmpfs, more than half this machine's memory: leave it "
+                           "out (--row ...)")
     d.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(d)], capture_output=True, text=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(d)], capture_output=True,
+                         text=True)
     if res.returncode:
         raise RuntimeError(f"mounting a small filesystem for the checkpoints needs root: {res.stderr.strip()}")
 
@@ -212,16 +220,14 @@ def _ballast(run: Run) -> Path:
 
 
 def _fill_disk(run: Run) -> str:
-    """Fill the checkpoints' filesystem to its last 256 KB at once (fallocate): the next checkpoint cannot be
-    written."""
-    with open(_ballast(run), "wb") as f:
-        size = shutil.disk_usage(run.layout.checkpoints(run.stage)).free - 2**18
-        while size > 2**18:  # the run may write meanwhile: take less until it fits
+    """Fill the checkpoints' filesystem to its last byte: the next checkpoint cannot be written."""
+    with open(_ballast(run), "ab", buffering=0) as f:
+        for chunk in (2**20, 2**12, 1):
             try:
-                os.posix_fallocate(f.fileno(), 0, size)
-                break
-            except OSError:
-                size //= 2
+                while f.write(b"\0" * chunk):
+                    pass
+            except OSError:  # full at this chunk's size: on with a smaller one
+                pass
     return "after step 1's checkpoint: the checkpoints' disk filled"
 
 
@@ -251,6 +257,7 @@ def _mlflow_stop(run: Run) -> str:
 def fault_table(outage_s: float) -> dict[str, Fault]:
     """Every fault the command knows, by name."""
     return {f.name: f for f in [
+        Fault("none", "nowhere", lambda run: True, lambda run: "no fault: the same run again (repeatability)"),
         Fault("engine", "step 1 rollout", _sft_evaluated, _kill_engine),
         Fault("executor", "step 1 rollout", _sft_evaluated, _kill_executor),
         Fault("trainer", "step 1 update", _kept(0), _kill_trainer),
@@ -429,7 +436,7 @@ def verdict(row: dict) -> str:
 
 # --- the command's work
 
-DEFAULT_ROWS = ["engine", "executor", "trainer", "flow", "disk", "mlflow"]
+DEFAULT_ROWS = ["none", "engine", "executor", "trainer", "flow", "disk", "mlflow"]
 
 
 def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
@@ -441,15 +448,18 @@ def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
     return parsed
 
 
-def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: float,
+def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: float, sft: Path | None = None,
               say: Callable[[str], None] = print) -> dict:
-    """The reference run, then each row; returns every figure the table shows (see the module docstring)."""
+    """The reference run (from `sft`, a committed SFT model, when given; else it trains its own), then each row from
+    the same SFT model; returns every figure the table shows (see the module docstring)."""
     from rstar2.cli import services
     from rstar2.run import config, tracking
     from rstar2.run.net import free_port
 
     known = fault_table(outage_s)
     plan = parse_rows(rows, known)
+    if sft is not None and not checkpoint.is_committed(Path(sft)):
+        raise ValueError(f"--sft-checkpoint {sft} is not a committed checkpoint (no {checkpoint.MARKER})")
     cfg = config.load(preset, overrides)
     sets = SHRINK + ([] if cfg.world.base_model else SHRINK_TINY_WORLD) + list(overrides)  # the user's win
     cfg = config.load(preset, sets)
@@ -460,15 +470,16 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
 
     ref = Run(RunLayout.of(out, "ref"), stage, out / "ref.log")
     say(f"reference run (no faults) -> {ref.layout.top}")
-    ref_row = run_row(ref, campaign_cmd(preset, sets, out, "ref", None), [], outage_s)
+    ref_row = run_row(ref, campaign_cmd(preset, sets, out, "ref", sft), [], outage_s)
     if ref_row["returncode"] != 0:
         raise RuntimeError(f"the reference run failed (exit {ref_row['returncode']}); its log: {ref.log}")
     want = results(ref.layout, stage, uri)
+    sft = sft or ref.layout.sft
     report = {"preset": preset, "overrides": sets, "out_dir": str(out), "reference": {
         "wall_s": ref_row["wall_s"], "pass1": want["pass1"], "steps": want["steps"]}, "rows": []}
     for faults in plan:
         name = "+".join(faults)
-        run = Run(RunLayout.of(out, name), stage, out / f"{name}.log")
+        run = Run(RunLayout.of(out, name), stage, out / f"{name}.log", state={"sft": sft, "split": cfg.eval.split})
         row_uri, server = uri, None
         if "mlflow" in faults:  # this row tracks to a server of its own, which the fault stops and starts again
             port, store = free_port(), out / f"{name}-mlflow"
@@ -477,8 +488,7 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
             row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
         say(f"row {name}: {', '.join(known[f].point for f in faults)} -> {run.layout.top}")
         try:
-            row = run_row(run, campaign_cmd(preset, sets, out, name, ref.layout.sft), [known[f] for f in faults],
-                          outage_s)
+            row = run_row(run, campaign_cmd(preset, sets, out, name, sft), [known[f] for f in faults], outage_s)
             got = results(run.layout, stage, row_uri)
             row["differences"] = differences(got, want, row.pop("committed_before_retry"))
         except (RuntimeError, OSError, TimeoutError) as e:

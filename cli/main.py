@@ -106,9 +106,12 @@ def _check_preset(preset: str, overrides: list[str]) -> None:
 def chaos_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"),
               set_: list[str] = typer.Option([], "--set", help="override, e.g. --set out_dir=/tmp/chaos"),
               row: list[str] = typer.Option([], "--row", help="a run's faults, `+` between several in one run "
-                                            "(repeatable); default: each of engine, executor, trainer, flow, disk, "
-                                            "mlflow in a run of its own"),
+                                            "(repeatable); default: none (the same run again), then each of engine, "
+                                            "executor, trainer, flow, disk, mlflow in a run of its own"),
               outage_s: float = typer.Option(60.0, help="how long the MLflow server stays down"),
+              sft_checkpoint: Optional[Path] = typer.Option(None, help="start every run from this committed SFT "
+                                                          "model (e.g. a campaign's runs/<run>/sft) instead of "
+                                                          "training one"),
               json_path: Optional[Path] = typer.Option(None, "--json", help="write every row's figures here")):
     """Kill parts of a shrunken campaign (3 RL steps) and compare each run with the same run without faults: per-step
     figures, kept rollouts and pass@1 to the digit, MLflow steps once, checkpoints whole. Exit 1 unless every run
@@ -118,7 +121,7 @@ def chaos_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
     env.apply()
     _check_preset(preset, set_)
     try:
-        report = chaos.run_chaos(preset, set_, row or chaos.DEFAULT_ROWS, outage_s, say=console.print)
+        report = chaos.run_chaos(preset, set_, row or chaos.DEFAULT_ROWS, outage_s, sft_checkpoint, say=console.print)
     except (ValueError, RuntimeError) as e:
         fail(e)
     console.print(tables.chaos_table(report))

@@ -70,7 +70,7 @@ def test_verdicts(row, want):
 def test_an_unknown_fault_is_refused_before_anything_runs():
     known = chaos.fault_table(60)
     assert chaos.parse_rows(["engine+trainer", "flow"], known) == [["engine", "trainer"], ["flow"]]
-    with pytest.raises(ValueError, match="unknown fault.*gpu; known: engine, executor"):
+    with pytest.raises(ValueError, match="unknown fault.*gpu; known: none, engine, executor"):
         chaos.parse_rows(["engine+gpu"], known)
 
 

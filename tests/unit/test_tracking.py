@@ -78,3 +78,22 @@ def test_ending_ends_the_run_as_the_block_ends(monkeypatch):
     with track.ending("d", owns_run=False):
         pass
     assert ended == [("a", "FINISHED"), ("b", "FAILED")]
+
+
+def test_a_resumed_stage_logs_the_committed_steps_mlflow_never_got_once(tmp_path, monkeypatch):
+    """A process killed between step 2's checkpoint commit and its MLflow write: the retry finds step 2 committed (its
+    figures in the manifest) but not logged, and logs it, once; steps 1 and 3 are not logged again."""
+    from rstar2.tasks import track
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    exp = tracking.setup("resume", str(tmp_path))
+    parent = tracking.create_run(exp, "campaign")
+    stage = tracking.create_run(exp, "stage-stage1", parent)
+    rows = [{"step": s, "reward_mean": 0.1 * s, "tool_error_rate_pos": 0.0, "loss": -s} for s in (1, 2, 3)]
+    for row in (rows[0], rows[2]):
+        tracking.log_metrics(stage, {k: v for k, v in row.items() if k != "step"}, 10 + row["step"])
+    assert track.log_unlogged_steps.fn(rows, 10, "stage1", (stage, parent)) == [12]
+    assert track.log_unlogged_steps.fn(rows, 10, "stage1", (stage, parent)) == []  # nothing twice
+    history = tracking.client().get_metric_history(stage, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(11, -1), (12, -2), (13, -3)]
+    assert [(m.step, m.value) for m in tracking.client().get_metric_history(parent, "reward_mean")] == [(12, 0.2)]
