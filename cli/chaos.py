@@ -261,7 +261,7 @@ def fault_table(outage_s: float) -> dict[str, Fault]:
         Fault("engine", "step 1 rollout", _sft_evaluated, _kill_engine),
         Fault("executor", "step 1 rollout", _sft_evaluated, _kill_executor),
         Fault("trainer", "step 1 update", _kept(0), _kill_trainer),
-        Fault("flow", "step 2, before its update", _rolled(1), _kill_flow),
+        Fault("flow", "step 2, its rollout table written", _rolled(1), _kill_flow),
         Fault("disk", "step 2 checkpoint", _committed(1), _fill_disk, mend=_disk_cleanup, prepare=_disk_prepare,
               cleanup=_disk_unmount),
         Fault("mlflow", f"step 2, for {outage_s:.0f} s", _committed(1), _mlflow_stop),
@@ -289,10 +289,12 @@ def _drive(run: Run, pending: list[Fault], struck: dict[str, str], outage_s: flo
             os.killpg(run.proc.pid, signal.SIGKILL)
             raise TimeoutError(f"{run.layout.name} ran past {TIMEOUT_S:.0f} s")
         f = pending[0] if pending else None  # a row's faults strike in turn: each after the one before it
-        if f is not None and f.due(run):
+        if f is not None and f.due(run) and run.alive():
             try:
                 struck[f.name] = f.inject(run)
                 pending.remove(f)
+                time.sleep(0.5)  # a run this fault kills is dead before the next fault is armed (not mended away)
+                continue
             except Unready:
                 pass
             except psutil.Error as e:  # the process ended between finding it and the signal
