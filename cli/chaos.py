@@ -153,9 +153,16 @@ def _kill_trainer(run: Run) -> str:
     return f"step 1, update under way: trainer pid {trainers[0].pid}"
 
 
-def _zygotes(run: Run) -> list[psutil.Process]:
-    """The sandbox's executors: zygote processes whose parent is not one (their forks run the calls)."""
-    procs = [p for p in run.children() if any(a.endswith("zygote.py") for a in _cmdline(p)[:4])]
+def _zygotes(run: Run, where: psutil.Process | None = None) -> list[psutil.Process]:
+    """The sandbox's executors: zygote processes whose parent is not one (their forks run the calls), under `where`
+    (default: the campaign, and the row's sandbox server if it has one)."""
+    if where is not None:
+        tree = where.children(recursive=True)
+    else:
+        server = run.state.get("servers", {}).get("sandbox")
+        tree = run.children() + (psutil.Process(server.proc.pid).children(recursive=True)
+                                 if server is not None and server.down_at is None else [])
+    procs = [p for p in tree if any(a.endswith("zygote.py") for a in _cmdline(p)[:4])]
     pids = {p.pid for p in procs}
     return [p for p in procs if p.ppid() not in pids]
 
@@ -246,12 +253,57 @@ def _disk_unmount(run: Run) -> None:
     keep.rename(d)
 
 
+@dataclass
+class Server:
+    """A server a row runs beside its campaign (MLflow, the sandbox's HTTP server): a fault stops it, and it is started
+    again `down_for` seconds later, as a supervisor would."""
+    start: Callable[[], subprocess.Popen]
+    proc: subprocess.Popen | None = None
+    down_at: float | None = None
+    down_for: float = 0.0
+
+    def up(self) -> None:
+        self.proc, self.down_at = self.start(), None
+
+    def kill(self, sig: signal.Signals, down_for: float) -> None:
+        os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=60)
+        self.down_at, self.down_for = time.monotonic(), down_for
+
+    def stop(self) -> None:
+        if self.proc is not None and self.down_at is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _servers_up(run: Run, due_only: bool = False) -> None:
+    """Start again the row's servers a fault stopped (those whose time is up, with `due_only`)."""
+    for server in run.state.get("servers", {}).values():
+        if server.down_at is not None and (not due_only or time.monotonic() - server.down_at >= server.down_for):
+            server.up()
+
+
 def _mlflow_stop(run: Run) -> str:
-    server = run.state["mlflow_server"]
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=60)
-    run.state["mlflow_down_at"] = time.monotonic()
-    return "step 2 starts: the MLflow server stopped"
+    run.state["servers"]["mlflow"].kill(signal.SIGTERM, run.state["outage_s"])
+    return f"step 2 starts: the MLflow server stopped for {run.state['outage_s']:.0f} s"
+
+
+SANDBOX_RESTART_S = 3.0  # a supervisor's restart delay: the client's retries (sandbox.retries) span it and the start
+
+
+def _kill_sandbox_server(run: Run) -> str:
+    """SIGKILL the sandbox's HTTP server (its executors die with it) while it runs a call, or once step 1's rollout
+    table is written if none was seen in flight; it is started again SANDBOX_RESTART_S later."""
+    server = run.state["servers"]["sandbox"]
+    busy = any(_in_call(z) for z in _zygotes(run, psutil.Process(server.proc.pid)))
+    if not busy and not _rolled(0)(run):
+        raise Unready("no call in flight")
+    server.kill(signal.SIGKILL, SANDBOX_RESTART_S)
+    return (f"{_where(run, 0)}: the sandbox server {'mid-call' if busy else 'between calls'}, started again "
+            f"{SANDBOX_RESTART_S:.0f} s later")
 
 
 def fault_table(outage_s: float) -> dict[str, Fault]:
@@ -264,6 +316,7 @@ def fault_table(outage_s: float) -> dict[str, Fault]:
         Fault("flow", "step 2, its rollout table written", _rolled(1), _kill_flow),
         Fault("disk", "step 2 checkpoint", _committed(1), _fill_disk, mend=_disk_cleanup, prepare=_disk_prepare,
               cleanup=_disk_unmount),
+        Fault("server", "step 1 rollout", _sft_evaluated, _kill_sandbox_server),
         Fault("mlflow", f"step 2, for {outage_s:.0f} s", _committed(1), _mlflow_stop),
     ]}
 
@@ -282,7 +335,7 @@ def _start(run: Run, cmd: list[str]) -> None:
                                 env=env)
 
 
-def _drive(run: Run, pending: list[Fault], struck: dict[str, str], outage_s: float, deadline: float) -> None:
+def _drive(run: Run, pending: list[Fault], struck: dict[str, str], deadline: float) -> None:
     """Wait for the run to end, injecting the first pending fault once it is due."""
     while run.alive():
         if time.monotonic() > deadline:
@@ -300,19 +353,11 @@ def _drive(run: Run, pending: list[Fault], struck: dict[str, str], outage_s: flo
             except psutil.Error as e:  # the process ended between finding it and the signal
                 struck[f.name] = f"could not be injected: {e}"
                 pending.remove(f)
-        down = run.state.get("mlflow_down_at")
-        if down is not None and time.monotonic() - down >= outage_s:
-            _mlflow_start(run)
+        _servers_up(run, due_only=True)
         time.sleep(0.05)
 
 
-def _mlflow_start(run: Run) -> None:
-    """The row's MLflow server up again after its outage."""
-    run.state["mlflow_server"] = run.state["start_mlflow"]()
-    run.state.pop("mlflow_down_at", None)
-
-
-def run_row(run: Run, cmd: list[str], faults: list[Fault], outage_s: float) -> dict:
+def run_row(run: Run, cmd: list[str], faults: list[Fault]) -> dict:
     """One row: the run with its faults, retried (at most once per fault) while it stops with an error. Returns how it
     went."""
     struck: dict[str, str] = {}
@@ -324,17 +369,15 @@ def run_row(run: Run, cmd: list[str], faults: list[Fault], outage_s: float) -> d
             f.prepare(run)
         for attempts in range(1, len(faults) + 2):
             _start(run, cmd)
-            _drive(run, pending, struck, outage_s, t0 + TIMEOUT_S)
+            _drive(run, pending, struck, t0 + TIMEOUT_S)
             if run.proc.returncode == 0 or attempts == len(faults) + 1:
                 break
             committed_before |= {c.name: checkpoint.manifest(c)["committed_at"]
                                 for c in checkpoint.committed(run.layout.checkpoints(run.stage))}
             for f in faults:
                 f.mend(run)
-            if "mlflow_down_at" in run.state:  # the server comes back before the retry
-                _mlflow_start(run)
-        if "mlflow_down_at" in run.state:  # and before the run's records are read
-            _mlflow_start(run)
+            _servers_up(run)  # the servers come back before the retry
+        _servers_up(run)  # and before the run's records are read
     finally:
         for f in faults:
             f.cleanup(run)
@@ -438,7 +481,7 @@ def verdict(row: dict) -> str:
 
 # --- the command's work
 
-DEFAULT_ROWS = ["none", "engine", "executor", "trainer", "flow", "disk", "mlflow"]
+DEFAULT_ROWS = ["none", "engine", "executor", "server", "trainer", "flow", "disk", "mlflow"]
 
 
 def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
@@ -448,6 +491,20 @@ def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
     if unknown:
         raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return parsed
+
+
+def start_sandbox_server(sandbox, port: int, log: Path) -> subprocess.Popen:
+    """`rstar2 sandbox serve` on 127.0.0.1:`port` with the run's limits and slots (`sandbox`: its SandboxCfg)."""
+    from dataclasses import asdict
+
+    from rstar2.cli import services
+    from rstar2.sandbox.backends import limits_of
+
+    proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "sandbox", "serve", "--port", str(port),
+                             "--slots", str(sandbox.workers), "--limits", json.dumps(asdict(limits_of(sandbox)))],
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    services.wait_http(f"http://127.0.0.1:{port}/health")
+    return proc
 
 
 def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: float, sft: Path | None = None,
@@ -472,7 +529,7 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
 
     ref = Run(RunLayout.of(out, "ref"), stage, out / "ref.log")
     say(f"reference run (no faults) -> {ref.layout.top}")
-    ref_row = run_row(ref, campaign_cmd(preset, sets, out, "ref", sft), [], outage_s)
+    ref_row = run_row(ref, campaign_cmd(preset, sets, out, "ref", sft), [])
     if ref_row["returncode"] != 0:
         raise RuntimeError(f"the reference run failed (exit {ref_row['returncode']}); its log: {ref.log}")
     want = results(ref.layout, stage, uri)
@@ -481,24 +538,32 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
         "wall_s": ref_row["wall_s"], "pass1": want["pass1"], "steps": want["steps"]}, "rows": []}
     for faults in plan:
         name = "+".join(faults)
-        run = Run(RunLayout.of(out, name), stage, out / f"{name}.log", state={"sft": sft, "split": cfg.eval.split})
-        row_uri, server = uri, None
-        if "mlflow" in faults:  # this row tracks to a server of its own, which the fault stops and starts again
-            port, store = free_port(), out / f"{name}-mlflow"
-            run.state["start_mlflow"] = lambda: services.start_mlflow(port, store, out / f"{name}-mlflow.log")
-            run.state["mlflow_server"] = run.state["start_mlflow"]()
-            row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+        run = Run(RunLayout.of(out, name), stage, out / f"{name}.log",
+                  state={"sft": sft, "split": cfg.eval.split, "outage_s": outage_s, "servers": {}})
+        row_uri, row_sets = uri, list(sets)
         say(f"row {name}: {', '.join(known[f].point for f in faults)} -> {run.layout.top}")
         try:
-            row = run_row(run, campaign_cmd(preset, sets, out, name, sft), [known[f] for f in faults], outage_s)
+            if "mlflow" in faults:  # this row tracks to a server of its own, which the fault stops and starts again
+                port, store = free_port(), out / f"{name}-mlflow"
+                server = run.state["servers"]["mlflow"] = Server(
+                    lambda: services.start_mlflow(port, store, out / f"{name}-mlflow.log"))
+                server.up()
+                row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+            if "server" in faults:  # the row's code runs on a sandbox server of its own, with the run's limits
+                port_s = free_port()
+                server = run.state["servers"]["sandbox"] = Server(
+                    lambda: start_sandbox_server(cfg.sandbox, port_s, out / f"{name}-sandbox.log"))
+                server.up()
+                row_sets += ["sandbox.backend=http", f"sandbox.urls=[http://127.0.0.1:{port_s}]"]
+            row = run_row(run, campaign_cmd(preset, row_sets, out, name, sft), [known[f] for f in faults])
             got = results(run.layout, stage, row_uri)
             row["differences"] = differences(got, want, row.pop("committed_before_retry"))
         except (RuntimeError, OSError, TimeoutError) as e:
             row = {"returncode": None, "attempts": 0, "struck": {}, "not_injected": faults, "wall_s": None,
                    "differences": [str(e)]}
         finally:
-            if run.state.get("mlflow_server") is not None:
-                services.stop_tree(services.tree(run.state["mlflow_server"]), grace_s=10)
+            for server in run.state["servers"].values():
+                server.stop()
         row.update(faults=faults, point={f: known[f].point for f in faults}, log=str(run.log))
         row["verdict"] = verdict(row)
         say(f"row {name}: {row['verdict']}" + "".join(f"\n  {d}" for d in row["differences"]))

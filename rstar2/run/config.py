@@ -107,7 +107,9 @@ class SandboxCfg(_Cfg):
     docker_image: str = "rstar2-sandbox:latest"  # backend docker: infra/docker/Dockerfile.sandbox
     batch_size: int = 64  # remote backends: calls per batch (paper: up to 64)
     senders: int = 8  # remote backends: batches in flight
-    retries: int = 4
+    # remote backends: tries per batch, 0.1 s after the first failure and doubling (8: ~25 s in all, past a
+    # supervisor's restart of a dead server); then the step fails with SandboxUnavailable
+    retries: int = 8
     verify_timeout_s: float = 2.0  # the reward check's own wall-clock limit per answer
 
 

@@ -1,11 +1,12 @@
 """`rstar2 chaos` end to end: a shrunken tiny campaign without faults; the same campaign again from its SFT model,
 without faults (a run is a function of its seeds on one host); then once more with every fault of the matrix in one
-run, in turn: an engine actor's process killed (SIGKILL) while step 1 rolls out, a
-sandbox executor killed, the trainer actor killed in step 1's update, the campaign's whole process group killed in
-step 2 (retried, as the Prefect UI's Retry does), the checkpoints' own small filesystem filled after step 1 (one
-clear error, then retried with room) and the MLflow tracking server stopped for 20 s. The run must end as the run
-without them: per-step figures, kept rollouts and held-out pass@1 to the digit, each step in MLflow once, every
-checkpoint whole and none written twice, the optimizer step counting on.
+run, in turn: an engine actor's process killed (SIGKILL) while step 1 rolls out, a sandbox executor killed, the
+sandbox's HTTP server killed (this row's code runs there) and started again 3 s later, the trainer actor killed in
+step 1's update, the campaign's whole process group killed in step 2 (retried, as the Prefect UI's Retry does), the
+checkpoints' own small filesystem filled after step 1 (one clear error, then retried with room) and the MLflow
+tracking server stopped for 20 s. The run must end as the run without them: per-step figures, kept rollouts and
+held-out pass@1 to the digit, each step in MLflow once, every checkpoint whole and none written twice, the optimizer
+step counting on.
 
 The SFT here is a few seconds' (240 transcripts, half an epoch): its model earns no reward, so its updates are zero
 and the figures alone could not tell a wrong trainer state; the optimizer step count at each checkpoint does. The
@@ -25,7 +26,8 @@ SMOKE = ["world.n_sft=240", "sft.epochs=0.5", "world.n_test=4"]
 def test_every_fault_in_one_run_leaves_the_run_without_faults(tmp_path):
     from rstar2.cli.main import app
 
-    faults = ["engine", "executor", "trainer", "flow"] + (["disk"] if os.geteuid() == 0 else []) + ["mlflow"]
+    faults = (["engine", "executor", "server", "trainer", "flow"] + (["disk"] if os.geteuid() == 0 else [])
+              + ["mlflow"])
     sets = [a for s in SMOKE + [f"out_dir={tmp_path / 'runs'}"] for a in ("--set", s)]
     res = CliRunner().invoke(app, ["chaos", "--preset", "tiny", *sets, "--row", "none", "--row", "+".join(faults),
                                    "--outage-s", "20", "--json", str(tmp_path / "chaos.json")])
