@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,17 +141,16 @@ def _kill_engine(run: Run) -> str:
     return f"{_where(run, 0)}: engine pid {busy[0].pid} (of {len(engines)})"
 
 
-def _kept(step: int) -> Callable[[Run], bool]:
-    return lambda run: (run.layout.step_dir(run.stage, step) / "kept.parquet").exists()
-
-
 def _kill_trainer(run: Run) -> str:
+    """SIGKILL the trainer once step 1's rollout table is written: its update, which comes next, finds it dead (on
+    a small model the update itself is over in a fraction of a second, too soon to be caught in flight)."""
     trainers = run.actors("PolicyTrainer")
     if not trainers:
         raise Unready("no trainer process")
     for t in trainers:
         t.kill()
-    return f"step 1, update under way: trainer pid {trainers[0].pid}"
+    updated = (run.layout.checkpoint(run.stage, 1)).exists()
+    return f"step 1, {'after' if updated else 'before'} its update: trainer pid {trainers[0].pid}"
 
 
 def _zygotes(run: Run, where: psutil.Process | None = None) -> list[psutil.Process]:
@@ -255,12 +255,14 @@ def _disk_unmount(run: Run) -> None:
 
 @dataclass
 class Server:
-    """A server a row runs beside its campaign (MLflow, the sandbox's HTTP server): a fault stops it, and it is started
-    again `down_for` seconds later, as a supervisor would."""
+    """A server a row runs beside its campaign (MLflow, the sandbox's HTTP server, Prefect): a fault stops it, and it
+    is started again `down_for` seconds later, as a supervisor would, in a thread of its own (the faults after it
+    keep their moments while it starts)."""
     start: Callable[[], subprocess.Popen]
     proc: subprocess.Popen | None = None
     down_at: float | None = None
     down_for: float = 0.0
+    starting: threading.Thread | None = None
 
     def up(self) -> None:
         self.proc, self.down_at = self.start(), None
@@ -270,7 +272,24 @@ class Server:
         self.proc.wait(timeout=60)
         self.down_at, self.down_for = time.monotonic(), down_for
 
+    def due(self) -> bool:
+        return self.down_at is not None and self.starting is None and time.monotonic() - self.down_at >= self.down_for
+
+    def up_soon(self) -> None:
+        self.starting = threading.Thread(target=self.up, daemon=True)
+        self.starting.start()
+
+    def wait_up(self) -> None:
+        """Up now: the start under way finished, or a start now."""
+        if self.starting is not None:
+            self.starting.join()
+            self.starting = None
+        if self.down_at is not None:
+            self.up()
+
     def stop(self) -> None:
+        if self.starting is not None:
+            self.starting.join()
         if self.proc is not None and self.down_at is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -280,15 +299,27 @@ class Server:
 
 
 def _servers_up(run: Run, due_only: bool = False) -> None:
-    """Start again the row's servers a fault stopped (those whose time is up, with `due_only`)."""
+    """Start again the row's servers a fault stopped: those whose time is up, in the background (`due_only`), or all,
+    waiting until they answer."""
     for server in run.state.get("servers", {}).values():
-        if server.down_at is not None and (not due_only or time.monotonic() - server.down_at >= server.down_for):
-            server.up()
+        if due_only:
+            if server.due():
+                server.up_soon()
+        else:
+            server.wait_up()
 
 
 def _mlflow_stop(run: Run) -> str:
     run.state["servers"]["mlflow"].kill(signal.SIGTERM, run.state["outage_s"])
     return f"step 2 starts: the MLflow server stopped for {run.state['outage_s']:.0f} s"
+
+
+PREFECT_RESTART_S = 5.0  # the Prefect server's restart: down this long, then as long as its start takes
+
+
+def _prefect_restart(run: Run) -> str:
+    run.state["servers"]["prefect"].kill(signal.SIGTERM, PREFECT_RESTART_S)
+    return f"step 2 starts: the Prefect server stopped, started again {PREFECT_RESTART_S:.0f} s later"
 
 
 SANDBOX_RESTART_S = 3.0  # a supervisor's restart delay: the client's retries (sandbox.retries) span it and the start
@@ -312,12 +343,13 @@ def fault_table(outage_s: float) -> dict[str, Fault]:
         Fault("none", "nowhere", lambda run: True, lambda run: "no fault: the same run again (repeatability)"),
         Fault("engine", "step 1 rollout", _sft_evaluated, _kill_engine),
         Fault("executor", "step 1 rollout", _sft_evaluated, _kill_executor),
-        Fault("trainer", "step 1 update", _kept(0), _kill_trainer),
+        Fault("trainer", "step 1, before its update", _rolled(0), _kill_trainer),
         Fault("flow", "step 2, its rollout table written", _rolled(1), _kill_flow),
         Fault("disk", "step 2 checkpoint", _committed(1), _fill_disk, mend=_disk_cleanup, prepare=_disk_prepare,
               cleanup=_disk_unmount),
         Fault("server", "step 1 rollout", _sft_evaluated, _kill_sandbox_server),
         Fault("mlflow", f"step 2, for {outage_s:.0f} s", _committed(1), _mlflow_stop),
+        Fault("prefect", "step 2", _committed(1), _prefect_restart),
     ]}
 
 
@@ -549,6 +581,12 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
                     lambda: services.start_mlflow(port, store, out / f"{name}-mlflow.log"))
                 server.up()
                 row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+            if "prefect" in faults:  # the row's flows report to a Prefect server of its own (its own database)
+                port_p, home = free_port(), out / f"{name}-prefect"
+                server = run.state["servers"]["prefect"] = Server(lambda: services.start_prefect(
+                    port_p, out / f"{name}-prefect.log", env={"PREFECT_HOME": str(home)}))
+                server.up()
+                run.env["PREFECT_API_URL"] = f"http://127.0.0.1:{port_p}/api"
             if "server" in faults:  # the row's code runs on a sandbox server of its own, with the run's limits
                 port_s = free_port()
                 server = run.state["servers"]["sandbox"] = Server(

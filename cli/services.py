@@ -102,10 +102,12 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
         time.sleep(1.0)
 
 
-def start_prefect(port: int, log: Path, started: list | None = None) -> subprocess.Popen:
-    """The Prefect server, answering; `started` gets the process before the wait, so a stop meanwhile finds it."""
+def start_prefect(port: int, log: Path, started: list | None = None, env: dict | None = None) -> subprocess.Popen:
+    """The Prefect server, answering; `started` gets the process before the wait, so a stop meanwhile finds it. `env`:
+    variables over this process's (e.g. a PREFECT_HOME of its own)."""
     proc = subprocess.Popen([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     (started if started is not None else []).append(proc)
     wait_http(f"http://127.0.0.1:{port}/api/health")
     return proc
