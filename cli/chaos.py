@@ -87,6 +87,7 @@ class Fault:
     inject: Callable[[Run], str]
     mend: Callable[[Run], None] = lambda run: None
     prepare: Callable[[Run], None] = lambda run: None  # before the run starts
+    stops_run: bool = False  # it kills the campaign itself: the next fault waits for a retry
     cleanup: Callable[[Run], None] = lambda run: None  # after the row, whatever happened
 
 
@@ -164,7 +165,25 @@ def _zygotes(run: Run, where: psutil.Process | None = None) -> list[psutil.Proce
                                  if server is not None and server.down_at is None else [])
     procs = [p for p in tree if any(a.endswith("zygote.py") for a in _cmdline(p)[:4])]
     pids = {p.pid for p in procs}
-    return [p for p in procs if p.ppid() not in pids]
+    return [p for p in procs if _parent(p) not in pids]
+
+
+def _parent(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:  # gone meanwhile (an executor restarting)
+        return None
+
+
+def _busy_executor(zygotes: list[psutil.Process]) -> psutil.Process | None:
+    """The first of `zygotes` running a call now, if any (one that died meanwhile is not)."""
+    for z in zygotes:
+        try:
+            if _in_call(z):
+                return z
+        except psutil.Error:
+            continue
+    return None
 
 
 def _in_call(zygote: psutil.Process) -> bool:
@@ -178,17 +197,15 @@ def _kill_executor(run: Run) -> str:
     """SIGKILL a sandbox executor (zygote) while it runs a call; if the step's rollout ends with none seen in flight
     (a model that calls no tool), every executor between calls, the next call starting them again."""
     zygotes = _zygotes(run)
-    for z in zygotes:
-        try:
-            busy = _in_call(z)
-        except psutil.Error:
-            continue
-        if busy:
-            z.kill()
-            return f"{_where(run, 0)}: executor pid {z.pid} mid-call"
+    if (z := _busy_executor(zygotes)) is not None:
+        z.kill()
+        return f"{_where(run, 0)}: executor pid {z.pid} mid-call"
     if zygotes and _rolled(0)(run):
         for z in zygotes:
-            z.kill()
+            try:
+                z.kill()
+            except psutil.NoSuchProcess:
+                pass
         return f"step 1, after its rollout: {len(zygotes)} executors between calls (no call was seen in flight)"
     raise Unready("no call in flight")
 
@@ -329,7 +346,7 @@ def _kill_sandbox_server(run: Run) -> str:
     """SIGKILL the sandbox's HTTP server (its executors die with it) while it runs a call, or once step 1's rollout
     table is written if none was seen in flight; it is started again SANDBOX_RESTART_S later."""
     server = run.state["servers"]["sandbox"]
-    busy = any(_in_call(z) for z in _zygotes(run, psutil.Process(server.proc.pid)))
+    busy = _busy_executor(_zygotes(run, psutil.Process(server.proc.pid))) is not None
     if not busy and not _rolled(0)(run):
         raise Unready("no call in flight")
     server.kill(signal.SIGKILL, SANDBOX_RESTART_S)
@@ -344,7 +361,7 @@ def fault_table(outage_s: float) -> dict[str, Fault]:
         Fault("engine", "step 1 rollout", _sft_evaluated, _kill_engine),
         Fault("executor", "step 1 rollout", _sft_evaluated, _kill_executor),
         Fault("trainer", "step 1, before its update", _rolled(0), _kill_trainer),
-        Fault("flow", "step 2, its rollout table written", _rolled(1), _kill_flow),
+        Fault("flow", "step 2, its rollout table written", _rolled(1), _kill_flow, stops_run=True),
         Fault("disk", "step 2 checkpoint", _committed(1), _fill_disk, mend=_disk_cleanup, prepare=_disk_prepare,
               cleanup=_disk_unmount),
         Fault("server", "step 1 rollout", _sft_evaluated, _kill_sandbox_server),
@@ -378,7 +395,8 @@ def _drive(run: Run, pending: list[Fault], struck: dict[str, str], deadline: flo
             try:
                 struck[f.name] = f.inject(run)
                 pending.remove(f)
-                time.sleep(0.5)  # a run this fault kills is dead before the next fault is armed (not mended away)
+                if f.stops_run:  # dead before the next fault is armed (one armed meanwhile would be mended away)
+                    run.proc.wait(timeout=60)
                 continue
             except Unready:
                 pass
@@ -513,7 +531,7 @@ def verdict(row: dict) -> str:
 
 # --- the command's work
 
-DEFAULT_ROWS = ["none", "engine", "executor", "server", "trainer", "flow", "disk", "mlflow"]
+DEFAULT_ROWS = ["none", "engine", "executor", "server", "trainer", "flow", "disk", "mlflow", "prefect"]
 
 
 def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:

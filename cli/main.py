@@ -107,7 +107,8 @@ def chaos_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
               set_: list[str] = typer.Option([], "--set", help="override, e.g. --set out_dir=/tmp/chaos"),
               row: list[str] = typer.Option([], "--row", help="a run's faults, `+` between several in one run "
                                             "(repeatable); default: none (the same run again), then each of engine, "
-                                            "executor, server, trainer, flow, disk, mlflow in a run of its own"),
+                                            "executor, server, trainer, flow, disk, mlflow, prefect in a run of its "
+                                            "own"),
               outage_s: float = typer.Option(60.0, help="how long the MLflow server stays down"),
               sft_checkpoint: Optional[Path] = typer.Option(None, help="start every run from this committed SFT "
                                                           "model (e.g. a campaign's runs/<run>/sft) instead of "

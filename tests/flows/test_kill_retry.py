@@ -1,12 +1,12 @@
 """`rstar2 chaos` end to end: a shrunken tiny campaign without faults; the same campaign again from its SFT model,
 without faults (a run is a function of its seeds on one host); then once more with every fault of the matrix in one
 run, in turn: an engine actor's process killed (SIGKILL) while step 1 rolls out, a sandbox executor killed, the
-sandbox's HTTP server killed (this row's code runs there) and started again 3 s later, the trainer actor killed in
-step 1's update, the campaign's whole process group killed in step 2 (retried, as the Prefect UI's Retry does), the
-checkpoints' own small filesystem filled after step 1 (one clear error, then retried with room) and the MLflow
-tracking server stopped for 20 s. The run must end as the run without them: per-step figures, kept rollouts and
-held-out pass@1 to the digit, each step in MLflow once, every checkpoint whole and none written twice, the optimizer
-step counting on.
+sandbox's HTTP server killed (this row's code runs there) and started again 3 s later, the trainer actor killed before
+step 1's update, the Prefect server restarted in step 2, the campaign's whole process group killed in step 2
+(retried, as the Prefect UI's Retry does), the checkpoints' own small filesystem filled after step 1 (one clear
+error, then retried with room) and the MLflow tracking server stopped for 20 s. The run must end as the run without
+them: per-step figures, kept rollouts and held-out pass@1 to the digit, each step in MLflow once, every checkpoint
+whole and none written twice, the optimizer step counting on.
 
 The SFT here is a few seconds' (240 transcripts, half an epoch): its model earns no reward, so its updates are zero
 and the figures alone could not tell a wrong trainer state; the optimizer step count at each checkpoint does. The
@@ -26,7 +26,9 @@ SMOKE = ["world.n_sft=240", "sft.epochs=0.5", "world.n_test=4"]
 def test_every_fault_in_one_run_leaves_the_run_without_faults(tmp_path):
     from rstar2.cli.main import app
 
-    faults = (["engine", "executor", "server", "trainer", "flow"] + (["disk"] if os.geteuid() == 0 else [])
+    # in this order each strikes while the campaign runs: a campaign that starts while its Prefect server is down
+    # stops at once (Prefect's client fails fast on a first connection), so the restart comes before the flow's kill
+    faults = (["engine", "executor", "server", "trainer", "prefect", "flow"] + (["disk"] if os.geteuid() == 0 else [])
               + ["mlflow"])
     sets = [a for s in SMOKE + [f"out_dir={tmp_path / 'runs'}"] for a in ("--set", s)]
     res = CliRunner().invoke(app, ["chaos", "--preset", "tiny", *sets, "--row", "none", "--row", "+".join(faults),
