@@ -2,9 +2,8 @@
 
 A shrunken campaign of the preset (a few RL steps, see SHRINK) runs once without faults (`ref`). Then, from the
 reference's SFT model, it runs again once per row of the plan, with each of the row's faults injected at its point,
-in turn (a fault waits for the one before it in its row). A
-run that stops with an error is retried with the same command (what the Prefect UI's Retry does), at most once per
-fault of its row. Verdicts:
+in turn (a fault waits for the one before it in its row). A run that stops with an error is retried with the same
+command (what the Prefect UI's Retry does), at most once per fault of its row. Verdicts:
 
     recovered   the run ended by itself and every check below holds
     retried     the run stopped with one error, a retry ended it, and every check below holds
@@ -35,6 +34,7 @@ from typing import Callable
 
 import psutil
 
+from rstar2.cli import services
 from rstar2.run import checkpoint
 from rstar2.run.layout import RunLayout
 
@@ -122,8 +122,7 @@ def _busy(procs: list[psutil.Process], above: float = 30.0) -> list[psutil.Proce
 
 def _where(run: Run, step: int) -> str:
     """Where the run is within RL step `step` (0-based): before its rollout table is written, or after."""
-    written = (run.layout.step_dir(run.stage, step) / "rollouts.parquet").exists()
-    return f"step {step + 1}, {'after its rollout' if written else 'rollout under way'}"
+    return f"step {step + 1}, {'after its rollout' if _rolled(step)(run) else 'rollout under way'}"
 
 
 # --- the faults
@@ -308,11 +307,7 @@ class Server:
         if self.starting is not None:
             self.starting.join()
         if self.proc is not None and self.down_at is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            services.stop_tree(services.tree(self.proc), grace_s=30)
 
 
 def _servers_up(run: Run, due_only: bool = False) -> None:
@@ -438,10 +433,9 @@ def run_row(run: Run, cmd: list[str], faults: list[Fault]) -> dict:
 
 # --- what a run left
 
-def _client(uri: str):
-    import mlflow
-
-    return mlflow.MlflowClient(uri)
+def _digest(frame) -> str:
+    """A table's rows, sorted by (problem, sample), as one hash."""
+    return hashlib.sha256(frame.sort("problem_id", "sample_idx").write_json().encode()).hexdigest()
 
 
 def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
@@ -451,7 +445,9 @@ def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
     summary = json.loads(layout.summary.read_text()) if layout.summary.exists() else {}
     out: dict = {"pass1": summary.get("pass1_rl"), "steps": summary.get("steps"), "figures": {}, "mlflow_steps": {}}
     if summary.get("mlflow_run_id"):
-        client = _client(tracking_uri)
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri)
         exp = client.get_run(summary["mlflow_run_id"]).info.experiment_id
         stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
         for r in stages:
@@ -462,12 +458,10 @@ def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
     out["kept"], out["rollouts"] = [], []
     for kept in layout.step_tables(stage, "kept.parquet"):
         rows = pl.read_parquet(kept).select("problem_id", "sample_idx", "response_ids", "reward")
-        out["kept"].append(hashlib.sha256(rows.sort("problem_id", "sample_idx").write_json().encode()).hexdigest())
+        out["kept"].append(_digest(rows))
     for rolled in layout.step_tables(stage, "rollouts.parquet"):
         keys = pl.read_parquet(rolled).select("problem_id", "sample_idx")
-        out["rollouts"].append({"rows": keys.height, "unique": keys.unique().height,
-                                "keys": hashlib.sha256(keys.sort("problem_id", "sample_idx").write_json().encode())
-                                .hexdigest()})
+        out["rollouts"].append({"rows": keys.height, "unique": keys.unique().height, "keys": _digest(keys)})
     ckpts = layout.checkpoints(stage)
     out["checkpoints"] = [{"name": c.name, "committed": checkpoint.is_committed(c),
                            "optimizer_step": checkpoint.manifest(c).get("optimizer_step")
@@ -547,7 +541,6 @@ def start_sandbox_server(sandbox, port: int, log: Path) -> subprocess.Popen:
     """`rstar2 sandbox serve` on 127.0.0.1:`port` with the run's limits and slots (`sandbox`: its SandboxCfg)."""
     from dataclasses import asdict
 
-    from rstar2.cli import services
     from rstar2.sandbox.backends import limits_of
 
     proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "sandbox", "serve", "--port", str(port),
@@ -561,7 +554,6 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
               say: Callable[[str], None] = print) -> dict:
     """The reference run (from `sft`, a committed SFT model, when given; else it trains its own), then each row from
     the same SFT model; returns every figure the table shows (see the module docstring)."""
-    from rstar2.cli import services
     from rstar2.run import config, tracking
     from rstar2.run.net import free_port
 
