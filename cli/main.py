@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -58,23 +58,41 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
 
         if sft_checkpoint:
             fail("--world-seeds trains one SFT model per world; drop --sft-checkpoint")
-        summary = campaign_worlds(params, world_seeds)
+        summary = _stopped(lambda: campaign_worlds(params, world_seeds))
         console.print(tables.worlds_table(summary, preset))
         console.print(f"wall time {summary['wall_s']:.0f} s; run dirs {', '.join(summary['world_run_dirs'].values())}")
         _write_json(json_path, summary)
         return
-    try:
-        summary = campaign_flow(params)
-    except Exception as e:  # noqa: BLE001 - a run-stopping check's own line last, under Prefect's log of it
-        if (stop := _run_stop(e)) is None:
-            raise
-        fail(f"{stop}\n(the run stopped; its committed steps stay: run the same command again to resume)", 1)
+    summary = _stopped(lambda: campaign_flow(params))
     console.print(tables.campaign_table(summary, preset))
     for s in summary["by_seed"]:
         console.print(f"stages (rl_seed {s['rl_seed']}): " + ", ".join(f"{k} (ended: {v})"
                                                                      for k, v in s["stages"].items()))
     console.print(f"wall time {summary['wall_s']:.0f} s; run dir {summary['run_dir']}")
     _write_json(json_path, summary)
+
+
+def _stopped(run_flow: Callable[[], dict]) -> dict:
+    """A campaign flow's summary; a run the preflight refused, or one a run-stopping check stopped, ends the command
+    with that check's one line (under Prefect's log of it), anything else with its traceback."""
+    from rstar2.run.preflight import PreflightError
+
+    try:
+        return run_flow()
+    except Exception as e:  # noqa: BLE001 - sorted below: one line for the checks' own errors
+        refused = _in_chain(e, (PreflightError,))
+        if refused is not None:
+            fail(refused, 1)
+        if (stop := _run_stop(e)) is None:
+            raise
+        fail(f"{stop}\n(the run stopped; its committed steps stay: run the same command again to resume)", 1)
+
+
+def _in_chain(e: BaseException | None, kinds: tuple[type, ...]) -> BaseException | None:
+    """The first error of `kinds` in `e`'s chain of causes."""
+    while e is not None and not isinstance(e, kinds):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def _run_stop(e: BaseException) -> BaseException | None:
@@ -84,12 +102,8 @@ def _run_stop(e: BaseException) -> BaseException | None:
     from rstar2.run.checkpoint import DiskFull
     from rstar2.training.trainer import LogprobGapError
 
-    seen = e
-    while seen is not None:
-        if isinstance(seen, (DiskFull, LogprobGapError, StreamMismatch)):
-            return getattr(seen, "cause", None) or seen  # a RayTaskError(DiskFull) holds the DiskFull as its cause
-        seen = seen.__cause__ or seen.__context__
-    return None
+    seen = _in_chain(e, (DiskFull, LogprobGapError, StreamMismatch))
+    return seen and (getattr(seen, "cause", None) or seen)  # a RayTaskError(DiskFull) holds the DiskFull as its cause
 
 
 def _check_preset(preset: str, overrides: list[str]) -> None:
@@ -159,6 +173,8 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
               set_: list[str] = typer.Option([], "--set", help="override, e.g. --set world.max_positions=4096"),
               run_name: Optional[str] = typer.Option(None, help="the run directory whose world is checked (made "
                                                                "there when missing; default: the preset's name)"),
+              sft_checkpoint: Optional[str] = typer.Option(None, help="the committed SFT model a campaign would start "
+                                                                     "RL from: checked in place of the base model"),
               json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """What a campaign checks before it starts: the model and its chat template, the context, every training and
     evaluation prompt against it (the ones without room for their response budget are dropped, with their ids),
@@ -170,7 +186,7 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
         cfg = config.load(preset, set_)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
         fail(e)
-    res = preflight.run(cfg, runstate.layout(cfg, run_name))
+    res = preflight.run(cfg, runstate.layout(cfg, run_name), sft_checkpoint)
     console.print(tables.check_table(res, preset))
     warned = sum(c["status"] == preflight.WARN for c in res["checks"])
     console.print(f"[green]ready[/green] ({warned} warning(s))" if res["ok"] else "[red]cannot start[/red]")

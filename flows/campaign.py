@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -26,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from rstar2.evaluation import report
 
-from rstar2.run import checkpoint, config, plan, runstate
+from rstar2.run import config, plan, runstate
 from rstar2.run.config import RunCfg
 from rstar2.run.layout import RunRef
 from rstar2.flows.evaluate import evaluate_checkpoint
@@ -77,7 +76,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     plan.require_fit(cfg)  # a run that cannot fit its GPUs stops here, before Ray or any actor starts
     layout = runstate.layout(cfg, params.run_name)
     layout.top.mkdir(parents=True, exist_ok=True)
-    preflight(cfg, layout, sft=not params.sft_checkpoint)  # model, every prompt, sandbox: before anything
+    preflight(cfg, layout, params.sft_checkpoint)  # model, every prompt, sandbox: before anything
     layout.config.write_text(cfg.model_dump_json(indent=1))
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}
     seeds = [cfg.model_copy(update={"rl_seed": cfg.rl_seed + i}) for i in range(params.seeds)]
@@ -123,9 +122,7 @@ def _sft_model(cfg: RunCfg, params: CampaignParams, run: RunRef) -> str:
     """The model RL starts from: the given committed SFT checkpoint, else this run's SFT (trained once), else the
     world's initial model when SFT is off."""
     world = run.needs_world()
-    if params.sft_checkpoint:
-        if not checkpoint.is_committed(Path(params.sft_checkpoint)):
-            raise ValueError(f"sft_checkpoint {params.sft_checkpoint} is not a committed checkpoint")
+    if params.sft_checkpoint:  # committed: the preflight saw it
         return params.sft_checkpoint
     if cfg.sft.enabled:
         return run_sft(cfg, world.init_model, world.sft_data, str(run.layout.sft))

@@ -14,10 +14,10 @@ from rstar2.tasks import costs
 
 @task(name="preflight", cache_policy=None, retries=0)
 @costs.work
-def preflight(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
+def preflight(cfg: RunCfg, layout: RunLayout, sft_checkpoint: str | None = None) -> dict:
     """Every check of `rstar2 check` for the run at `layout`; PreflightError naming what failed, else the figures
     (what was dropped is recorded in the world, which RL and evaluation then read)."""
-    res = checks.run(cfg, layout, sft)
+    res = checks.run(cfg, layout, sft_checkpoint)
     log = get_run_logger()
     for c in res["checks"]:
         (log.info if c["status"] == checks.OK else log.warning)(f"preflight {c['status']}: {c['check']}: {c['detail']}")

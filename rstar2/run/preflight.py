@@ -87,9 +87,10 @@ def budgets(cfg: RunCfg) -> tuple[int, int]:
     return train, cfg.eval.max_response_tokens
 
 
-def run(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
+def run(cfg: RunCfg, layout: RunLayout, sft_checkpoint: str | None = None) -> dict:
     """Every check for the run at `layout` (its world is made there if it is not yet); the record of what was
-    dropped goes to the world directory. `sft` off: the SFT transcripts are not checked (a given SFT model).
+    dropped goes to the world directory. With `sft_checkpoint` (a given SFT model RL starts from) that model is the
+    one checked (committed, its template, its context) and the SFT transcripts are not.
     Returns the rows, what was dropped, and `ok` (no check failed)."""
     rows: list[Row] = []
     world_dir = layout.world
@@ -97,8 +98,14 @@ def run(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
     out = {"run_dir": str(layout.top), "context": cfg.world.max_positions, "train_budget": train_budget,
            "eval_budget": eval_budget, "dropped": {}}
     uris = _world(cfg, world_dir, rows)
-    model_dir = cfg.world.base_model or (uris or {}).get("init_model")  # the tiny world's model: once it is made
-    chat = _model(model_dir, rows) if model_dir else None
+    # the model the engines serve: the given SFT model, else the base model, else the tiny world's (once it is made)
+    model_dir = sft_checkpoint or cfg.world.base_model or (uris or {}).get("init_model")
+    chat = None
+    if sft_checkpoint and not checkpoint.is_committed(Path(sft_checkpoint)):
+        rows.append(Row("model and template", FAIL, f"sft_checkpoint {sft_checkpoint} is not a committed checkpoint "
+                        f"(no {checkpoint.MARKER})"))
+    elif model_dir:
+        chat = _model(model_dir, rows)
     out["model"] = model_dir
     if chat is not None:
         _context(cfg, model_dir, rows)
@@ -106,7 +113,7 @@ def run(cfg: RunCfg, layout: RunLayout, sft: bool = True) -> dict:
         tables = _prompts(cfg, chat, uris, rows)
         out["dropped"] = {k: f.dropped_ids for k, f in tables.items()}
         _record(world_dir, uris, tables, out)
-        if sft:
+        if not sft_checkpoint:
             rows.append(_sft(cfg, chat, uris["sft_data"], layout.sft))
     rows += [_plan(cfg), _sandbox(cfg)]
     return {**out, "ok": all(r.status != FAIL for r in rows), "checks": [asdict(r) for r in rows]}
@@ -226,7 +233,7 @@ def _record(world_dir: Path, uris: dict[str, str], tables: dict[str, Fit], out: 
         else:
             kept.unlink(missing_ok=True)
     record = {k: out[k] for k in ("context", "train_budget", "eval_budget")}
-    checkpoint.write_atomic(world_dir / build.FIT, json.dumps({**record, "model": uris["init_model"],
+    checkpoint.write_atomic(world_dir / build.FIT, json.dumps({**record, "model": out["model"],
                                                               "dropped": out["dropped"], "sources": sources}, indent=1))
 
 

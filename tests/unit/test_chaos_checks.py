@@ -87,3 +87,29 @@ def test_the_check_that_stopped_a_run_is_found_under_the_errors_around_it():
     except RuntimeError as wrapped:
         assert _run_stop(wrapped) is full
     assert _run_stop(RuntimeError("something else")) is None
+
+
+def test_a_refused_or_stopped_campaign_ends_with_one_line_and_anything_else_with_its_traceback(capsys):
+    import typer
+
+    from rstar2.cli.main import _stopped
+    from rstar2.run.checkpoint import DiskFull
+    from rstar2.run.preflight import PreflightError
+
+    def raising(e: BaseException):
+        def run():
+            try:
+                raise e
+            except BaseException as inner:
+                raise RuntimeError("flow run failed") from inner  # as Prefect and Ray wrap it
+        return run
+
+    refused = PreflightError("preflight failed: context: world.max_positions 1024 exceeds the model's 512")
+    for e, line in ((refused, "max_positions 1024 exceeds"), (DiskFull(28, "the disk filled up"), "again to resume")):
+        with pytest.raises(typer.Exit) as out:
+            _stopped(raising(e))
+        assert out.value.exit_code == 1
+        assert line in " ".join(capsys.readouterr().out.split())  # rich may wrap the line
+    with pytest.raises(RuntimeError, match="flow run failed"):
+        _stopped(raising(KeyError("bug")))
+    assert _stopped(lambda: {"ok": 1}) == {"ok": 1}

@@ -189,3 +189,38 @@ def test_check_command_exits_1_when_the_run_cannot_start(tmp_path, qwen_model_di
         assert not out["ok"] and {c["check"]: c["status"] for c in out["checks"]}[failed] == "fail"
     res = CliRunner().invoke(app, ["check", "--set", "rollout.group_sise=3"])
     assert res.exit_code == 2 and "group_sise" in res.output  # a bad config is one error, not a table
+
+
+def test_a_given_sft_model_is_the_one_checked_its_context_and_its_commit(tmp_path, qwen_model_dir):
+    """`--sft-checkpoint` (as `campaign --sft-checkpoint`): the engines serve that model, so its context is the one
+    world.max_positions must fit, and it must be committed; refused in the table, before anything starts."""
+    import shutil
+
+    from rstar2.cli.main import app
+    from rstar2.run import checkpoint
+
+    base = _own_model_world(tmp_path, str(qwen_model_dir), ["What is 2 + 3?"])  # the base model's context: 2,048
+
+    def sft_model(name: str, positions: int) -> Path:
+        def write(d: Path) -> None:
+            shutil.copytree(qwen_model_dir, d, dirs_exist_ok=True)
+            cfg_path = d / "config.json"
+            cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "max_position_embeddings": positions}))
+        return checkpoint.commit(tmp_path / name, write, {"kind": "sft"})
+
+    def check(model: Path) -> dict:
+        res = CliRunner().invoke(app, ["check", "--sft-checkpoint", str(model), "--json", str(tmp_path / "c.json")] +
+                                 [x for o in base for x in ("--set", o)])
+        out = json.loads((tmp_path / "c.json").read_text())
+        assert res.exit_code == (0 if out["ok"] else 1), res.output
+        return {c["check"]: c for c in out["checks"]}
+
+    short = check(sft_model("short", 1024))  # trained at a shorter context than the world's 2,048
+    assert short["context"]["status"] == "fail" and "max_position_embeddings 1024" in short["context"]["detail"]
+    assert "SFT transcripts" not in short  # a given SFT model: its transcripts are not needed
+    ok = check(sft_model("same", 2048))
+    assert ok["context"]["status"] == "ok" and str(tmp_path / "same") in ok["model and template"]["detail"]
+    loose = tmp_path / "loose"
+    shutil.copytree(qwen_model_dir, loose)  # a model directory, never committed
+    bad = check(loose)
+    assert bad["model and template"]["status"] == "fail" and "not a committed checkpoint" in bad["model and template"]["detail"]
