@@ -97,12 +97,13 @@ def _in_chain(e: BaseException | None, kinds: tuple[type, ...]) -> BaseException
 
 def _run_stop(e: BaseException) -> BaseException | None:
     """The check that stopped a run, if one did (a full disk, the rollout/train log-prob gap, the token stream against
-    the template), unwrapped from Prefect's and Ray's errors around it; None for anything else."""
+    the template, the engines' weights against the checkpoint), unwrapped from Prefect's and Ray's errors around it; None for anything else."""
     from rstar2.rollout.stream_check import StreamMismatch
     from rstar2.run.checkpoint import DiskFull
+    from rstar2.run.fingerprint import WeightSyncError
     from rstar2.training.trainer import LogprobGapError
 
-    seen = _in_chain(e, (DiskFull, LogprobGapError, StreamMismatch))
+    seen = _in_chain(e, (DiskFull, LogprobGapError, StreamMismatch, WeightSyncError))
     return seen and (getattr(seen, "cause", None) or seen)  # a RayTaskError(DiskFull) holds the DiskFull as its cause
 
 

@@ -25,6 +25,7 @@ POOL = "rstar2-local"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WORKER_GRACE_S = 30.0  # a running flow gets this long after SIGTERM to commit or be marked crashed/cancelled
 SERVER_GRACE_S = 15.0
+SERVER_RESTARTS = 3  # a server that exits is started again on its port and state, up to this many times in all
 
 
 class PortInUse(RuntimeError):
@@ -159,6 +160,30 @@ def register_deployments(env: dict) -> None:
         raise RuntimeError(f"prefect deploy failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
+def _supervise(running: dict[str, subprocess.Popen], starts: dict[str, Callable[[], subprocess.Popen]],
+               work: subprocess.Popen | None, say: Callable[[str], None]) -> bool:
+    """Watch the services; a server that exits is started again (what is left of its process group killed first,
+    so nothing holds its port), up to SERVER_RESTARTS in all. Returns True when the worker exited, False when the
+    servers used up their restarts."""
+    restarts = 0
+    while work is None or work.poll() is None:
+        for name, proc in running.items():
+            if proc.poll() is None:
+                continue
+            if restarts == SERVER_RESTARTS:
+                return False
+            restarts += 1
+            say(f"the {name} exited (code {proc.returncode}); starting it again ({restarts} of {SERVER_RESTARTS})")
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group outlives a killed leader
+            except ProcessLookupError:
+                pass
+            running[name] = starts[name]()
+            say(f"the {name} answers again")
+        time.sleep(0.5)
+    return True
+
+
 def _crash_orphans(api_url: str, why: str, say: Callable[[str], None]) -> None:
     try:
         ids = crash_orphaned_runs(api_url, f"rstar2 serve stopped ({why}) while this run ran; retry resumes it from "
@@ -172,9 +197,12 @@ def _crash_orphans(api_url: str, why: str, say: Callable[[str], None]) -> None:
 
 def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = True,
           say: Callable[[str], None] = print, worker_grace_s: float = WORKER_GRACE_S) -> None:
-    """Run the services until SIGINT/SIGTERM/SIGHUP or one of them exits; then stop the worker first (a running flow
-    gets `worker_grace_s` to finish its step or be marked crashed, and is retryable from its last checkpoint), then
-    the servers. Every process started here runs in its own session and is stopped with all its descendants."""
+    """Run the services until SIGINT/SIGTERM/SIGHUP, the worker exits, or the servers have exited more than
+    SERVER_RESTARTS times; then stop the worker first (a running flow gets `worker_grace_s` to finish its step or be
+    marked crashed, and is retryable from its last checkpoint), then the servers. A server that exits is started again
+    on its port over its own state (Prefect's database, MLflow's store), so the worker and a running flow, whose clients
+    retry, go on as if it had not. Every process started here runs in its own session and is stopped with all its
+    descendants."""
     check_ports(prefect_port=prefect_port, mlflow_port=mlflow_port)
     home = Path(os.environ["RSTAR2_HOME"])
     env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
@@ -188,9 +216,10 @@ def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = Tru
     servers: list[subprocess.Popen] = []
     work: subprocess.Popen | None = None
     stopped_by = "a service exited"
+    starts = {"Prefect server": lambda: start_prefect(prefect_port, home / "prefect-server.log", servers),
+              "MLflow server": lambda: start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log", servers)}
     try:
-        start_prefect(prefect_port, home / "prefect-server.log", servers)
-        start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log", servers)
+        running = {name: start() for name, start in starts.items()}
         register_deployments(env)
         say(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={env['PREFECT_API_URL']})")
         say(f"MLflow UI   http://127.0.0.1:{mlflow_port}   (export MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']})")
@@ -199,9 +228,10 @@ def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = Tru
         if worker:
             work = subprocess.Popen([_bin("prefect"), "worker", "start", "--pool", POOL, "--limit", "1"], env=env,
                                     cwd=ROOT, start_new_session=True)
-        while all(p.poll() is None for p in [*servers, *([work] if work else [])]):
-            time.sleep(0.5)
-        say("a service exited; stopping the others")
+        if _supervise(running, starts, work, say):
+            say("the worker exited; stopping the servers")
+        else:
+            say(f"the servers exited more than {SERVER_RESTARTS} times; stopping everything")
     except Stop as e:
         stopped_by = f"{e}"
         say(f"{e}: stopping the worker, then the servers")

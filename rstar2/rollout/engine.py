@@ -93,6 +93,9 @@ class Backend(Protocol):
     def reset_cache(self) -> None:
         """Drop the prefix cache (no request running)."""
 
+    def fingerprint(self) -> tuple[str, str | None]:
+        """(dtype, fingerprint) of the weights the model holds (rstar2.run.fingerprint)."""
+
     def stats(self) -> dict:
         """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
         "waiting": requests the engine's own scheduler runs / keeps waiting (vLLM: for lack of KV or seats)}."""
@@ -173,6 +176,14 @@ class EngineLoop:
 
     def reload(self, weights: Weights) -> Future:
         return self._when_drained(lambda: self.backend.reload(weights))
+
+    def fingerprint(self) -> Future:
+        """A Future of the served weights' (dtype, fingerprint) (rstar2.run.fingerprint), read between engine steps."""
+        out: list = []
+        fut: Future = Future()
+        done = self._when_drained(lambda: out.append(self.backend.fingerprint()))
+        done.add_done_callback(lambda f: fut.set_exception(f.exception()) if f.exception() else fut.set_result(out[0]))
+        return fut
 
     def reset_cache(self) -> Future:
         """Empty the prefix cache once in-flight requests are done (a benchmark's runs start cold, as an RL step's
@@ -323,6 +334,14 @@ class _VLLMBackend:
     def reset_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
+    def fingerprint(self) -> tuple[str, str | None]:
+        """(dtype, fingerprint) of the weights the model holds, read back from every worker (tensor-parallel ranks
+        each hold the whole of the tensors fingerprinted)."""
+        prints = self.engine.collective_rpc(_fingerprint)
+        if len(set(prints)) > 1:
+            raise RuntimeError(f"the engine's workers hold different weights: {prints}")
+        return prints[0]
+
     def sleep(self) -> None:
         """Level 1: weights to CPU memory, KV cache dropped (the engine holds nothing in flight then)."""
         self.engine.reset_prefix_cache()
@@ -405,6 +424,10 @@ class VLLMEngine:
 
     def reset_cache(self) -> float:
         return self.loop.reset_cache().result()
+
+    def fingerprint(self) -> tuple[str, str | None]:
+        """(dtype, content fingerprint) of the weights this engine serves (rstar2.run.fingerprint)."""
+        return self.loop.fingerprint().result()
 
     def sleep(self) -> float:
         """Free the GPU for a colocated trainer's update once in-flight requests are done; seconds taken."""
@@ -506,11 +529,20 @@ class EngineActor(VLLMEngine):
     async def reset_cache(self) -> float:  # noqa: D102
         return await asyncio.wrap_future(self.loop.reset_cache())
 
+    async def fingerprint(self) -> tuple[str, str | None]:  # noqa: D102
+        return await asyncio.wrap_future(self.loop.fingerprint())
+
     async def info(self) -> dict:  # noqa: D102
         return VLLMEngine.info(self)
 
     async def stats(self) -> dict:  # noqa: D102
         return self.loop.stats()
+
+
+def _fingerprint(worker) -> tuple[str, str | None]:
+    from rstar2.run import fingerprint
+
+    return fingerprint.of_model(worker.model_runner.model)
 
 
 def _repack_cpu_lm_head(worker) -> None:

@@ -28,7 +28,9 @@ from ray.exceptions import RayActorError
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.cluster import EngineClient
+from rstar2.run import fingerprint
 from rstar2.run.config import RunCfg, SandboxCfg
+from rstar2.run.fingerprint import WeightSyncError
 from rstar2.rollout.engine import EngineActor, EngineSpec, sleep_mode_available
 from rstar2.rollout.agent_loop import EngineSet
 from rstar2.rollout.estimator import LengthEstimator
@@ -163,6 +165,7 @@ class Controller:
         when they already hold it (committed checkpoints never change)."""
         if model_dir != self.loaded:
             self._on_every_engine(lambda e: e.load_weights.remote(model_dir), model_dir)
+            self._check_weights(model_dir)
             self.loaded = model_dir
         return model_dir
 
@@ -197,8 +200,21 @@ class Controller:
             return self.sync_weights(ckpt_dir)
         weights = self.trainer.full_state_dict.remote()
         self._on_every_engine(lambda e: e.load_weights.remote(weights, ckpt_dir), ckpt_dir)
+        self._check_weights(ckpt_dir)
         self.loaded = ckpt_dir
         return ckpt_dir
+
+    def _check_weights(self, model_dir: str) -> None:
+        """Each engine's weights, read back from its model, against `model_dir`'s (rstar2.run.fingerprint):
+        WeightSyncError naming the engines that serve anything else. A directory without safetensors has nothing
+        to compare against."""
+        served = ray.get([e.fingerprint.remote() for e in self.engines])  # [(dtype, fingerprint)]
+        want = {dtype: fingerprint.of_checkpoint(model_dir, dtype) for dtype in {d for d, _ in served}}
+        wrong = [f"engine {i} {fp}" for i, (dtype, fp) in enumerate(served) if want[dtype] not in (None, fp)]
+        if wrong:
+            raise WeightSyncError(f"after loading {model_dir}: {', '.join(wrong)} against the checkpoint's "
+                                  f"{', '.join(f'{v} ({k})' for k, v in want.items())}; the weights did not reach "
+                                  "them (rstar2.run.fingerprint)")
 
     # --- trainer
 

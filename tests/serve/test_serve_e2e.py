@@ -1,7 +1,8 @@
 """`rstar2 serve` as a user lives with it (real Prefect and MLflow servers on free 127.0.0.1 ports, the deployments
 of prefect.yaml, a worker): a shrunk campaign run through its deployment is interrupted by SIGTERM or SIGINT to
 `serve` after its first committed checkpoint; within the bound nothing `serve` started is left and both ports are
-free. A second `serve` on the same state retries the interrupted run, which completes from its checkpoint; the
+free. A second `serve` on the same state retries the interrupted run; its Prefect server is killed (SIGKILL) while the
+run runs, `serve` starts it again, and the run completes from its checkpoint without a person; the
 checkpoint event fired at most one on-checkpoint evaluation for the burst, and the newest checkpoint's evaluation
 is on its MLflow LoggedModel."""
 
@@ -62,6 +63,17 @@ class Serve:
                               env=self.env, capture_output=True)
         return done.returncode == 0
 
+    def kill_prefect_server(self) -> None:
+        """SIGKILL of serve's Prefect server process, as an out-of-memory kill would end it."""
+        server = [p for p in psutil.Process(self.proc.pid).children()
+                  if "server" in p.cmdline() and any("prefect" in a for a in p.cmdline())]
+        assert len(server) == 1, [p.cmdline() for p in psutil.Process(self.proc.pid).children()]
+        server[0].kill()
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
     def client(self):
         from prefect.client.orchestration import SyncPrefectClient
         return SyncPrefectClient(self.env["PREFECT_API_URL"])
@@ -107,9 +119,11 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
         with second.client() as c:
             assert c.read_flow_run(fr.id).state.is_final()
             c.set_flow_run_state(fr.id, Scheduled(), force=True)  # what the UI's Retry does
-            state = _until("the retried campaign", lambda: (s := c.read_flow_run(fr.id).state).is_final() and s,
-                           1800, 5)
+            _until("the retried campaign runs", lambda: c.read_flow_run(fr.id).state.is_running(), 600, 2)
+            second.kill_prefect_server()  # serve starts it again; the worker and the flow run ride it out
+            state = _until("the retried campaign", lambda: (s := _state(c, fr.id)) and s.is_final() and s, 1800, 5)
             assert state.is_completed(), state
+            assert "the Prefect server exited (code -9); starting it again" in second.output()
             on_ckpt = _by_name(c, "evaluate/on-checkpoint")
             evals = _until("the triggered evaluations settle", lambda: (e := c.read_flow_runs(
                 deployment_filter=on_ckpt)) and all(r.state.is_final() for r in e) and e, 900, 5)
@@ -124,6 +138,15 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
         started = second.stop(then)
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert services.port_holder(second.pp) is None and services.port_holder(second.mp) is None
+
+
+def _state(c, run_id):
+    """The flow run's state; None while the Prefect server does not answer (it is being started again)."""
+    import httpx
+    try:
+        return c.read_flow_run(run_id).state
+    except (httpx.HTTPError, OSError):
+        return None
 
 
 def _by_name(c, name: str):
