@@ -37,7 +37,7 @@ from rstar2.rollout.estimator import LengthEstimator
 from rstar2.reward import Verifier
 from rstar2.sandbox.backends import Backend, connect
 from rstar2.training.trainer import PolicyTrainer, check_logprob_gap
-from rstar2.training.trainer_group import TrainerGroup
+from rstar2.training.trainer_group import RankDied, TrainerGroup
 
 
 def actor_names(run_id: str, num_engines: int) -> tuple[list[str], str]:
@@ -221,11 +221,11 @@ class Controller:
     def update(self, batch_uri: str) -> dict:
         """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
         (weights to CPU memory, KV cache dropped) and wake up after it. A trainer that dies (its process killed, its
-        node lost) is started again in the state it had before the update, and the update is redone: the same batch
+        node lost; with trainer.world_size > 1 any of its ranks, and then the whole group) is started again in the state it had before the update, and the update is redone: the same batch
         from the same state gives the same step (a resumed update is bit-identical)."""
         try:
             metrics = self._update(batch_uri)
-        except RayActorError as e:
+        except (RayActorError, RankDied) as e:
             self._respawn_trainer(e)
             metrics = self._update(batch_uri)
         self._updated_on = batch_uri
@@ -258,7 +258,7 @@ class Controller:
         """Commit the trainer's state (weights, optimizer, LR schedule, RNG) as a checkpoint; its path."""
         try:
             path = ray.get(self.trainer.save.remote(ckpt_dir, meta))
-        except RayActorError as e:  # died after its update: started again, it redoes the update, then saves
+        except (RayActorError, RankDied) as e:  # died after its update: started again, it redoes it, then saves
             batch = self._updated_on
             self._respawn_trainer(e)
             if batch is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from rstar2.run import checkpoint
 from rstar2.run.config import TrainerCfg
@@ -16,6 +17,11 @@ from rstar2.run.config import TrainerCfg
 SUMMED = ("loss", "update_tokens", "update_loss_tokens", "update_fed_tokens")
 MAXED = ("update_s", "update_peak_mem_mb")
 RANK0 = ("grad_norm", "lr", "advantage_abs_mean", "skipped")
+
+
+class RankDied(RuntimeError):
+    """A rank of the group died (its process killed, its node lost). The others cannot go on without it (every update
+    ends in collectives over all ranks), so the controller starts the whole group again from its last state."""
 
 
 class _Rank:
@@ -70,7 +76,34 @@ class TrainerGroup:
                  for i, r in enumerate(self.ranks)])
 
     def _all(self, method: str, *args) -> list:
-        return ray.get([r.call.remote(method, *args) for r in self.ranks])
+        """`method` on every rank; the first failure at once, as RankDied when a rank is dead (the living ones may
+        wait in a collective for it: read in rank order, the answers would hang behind them)."""
+        refs = [r.call.remote(method, *args) for r in self.ranks]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as e:  # noqa: BLE001 - sorted below: a dead rank, or this rank's own error
+                if dead := self._dead_ranks(e, refs.index(done[0])):
+                    raise RankDied(f"rank(s) {dead} of {len(self.ranks)} died during {method}: {e}") from e
+                raise
+        return ray.get(refs)
+
+    def _dead_ranks(self, error: Exception, failed: int, timeout_s: float = 30.0) -> list[int]:
+        """The ranks that are dead after `error` on rank `failed`: that rank when its actor died, else any rank that
+        does not answer a ping as dead (one whose peer died mid-collective errors before Ray reports the death)."""
+        if isinstance(error, RayActorError):
+            return [failed]
+        dead = []
+        for i, r in enumerate(self.ranks):
+            try:
+                ray.get(r.__ray_ready__.remote(), timeout=timeout_s)
+            except RayActorError:
+                dead.append(i)
+            except GetTimeoutError:  # alive but still inside a call (a collective waiting on the dead)
+                pass
+        return dead
 
     def update(self, batch_parquet: str) -> dict:
         return merge_rank_metrics(self._all("update", batch_parquet))

@@ -1,9 +1,11 @@
 """The multi-rank DeepSpeed trainer on CPU (rstar2/training/deepspeed_backend.py): two rank actors under ZeRO-2 and
 ZeRO-3 make the same updates as one plain-torch process on the same recorded batches (several micro-batches each), and a
 save -> restore -> next update is bit-identical to never having stopped. The first run JIT-compiles DeepSpeed's shm comm
-op (~1 min, cached)."""
+op (~1 min, cached). A rank killed makes the group's next call fail at once with RankDied (the controller then starts
+the whole group again: tests/unit/test_controller.py)."""
 
 import os
+import time
 
 import pytest
 import ray
@@ -13,7 +15,7 @@ from rstar2.rollout import cluster
 
 from rstar2.run import config
 from rstar2.training.trainer import PolicyTrainer
-from rstar2.training.trainer_group import TrainerGroup
+from rstar2.training.trainer_group import RankDied, TrainerGroup
 from rstar2.world import build
 from tests.unit.test_trainer import TINY, batch
 
@@ -85,6 +87,12 @@ def test_two_ranks_match_one_and_resume_bit_identical(tiny_model, ray_up, tmp_pa
     assert b.load_state(ckpt)["step"] == 1
     b.update(b2)
     resumed = b.full_state_dict()
+    if stage == 2:  # a rank killed: the group's next call fails at once, naming it, not waiting on its collectives
+        ray.kill(b.ranks[1])
+        t0 = time.monotonic()
+        with pytest.raises(RankDied, match=r"rank\(s\) \[1\] of 2 died during update"):
+            b.update(b2)
+        assert time.monotonic() - t0 < 60
     stop(b)
     for k in uninterrupted:
         assert torch.equal(resumed[k], uninterrupted[k]), k

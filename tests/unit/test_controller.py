@@ -27,6 +27,9 @@ class FakeEngine:
     def info(self):
         return {"kv_capacity_tokens": 4096, "block_size": 16}
 
+    def fingerprint(self):
+        return "float32", None  # the directories here ("/c/...") hold no safetensors: nothing to compare
+
     def load_weights(self, weights, version=None):
         if getattr(self, "dead", False):
             return DEAD
@@ -227,6 +230,21 @@ def test_a_trainer_that_died_is_started_again_in_its_state_before_the_update_and
     ctl.trainer.obj.dead = True  # dies after its update, before the checkpoint: the update is redone, then saved
     assert ctl.save("/c/step-2", {}) == "/c/step-2" and LOG == ["update"]
     assert ctl.trainer.obj.states == ["/c/step-1"] and ctl.respawned_trainers == 3
+
+
+def test_a_dead_rank_of_a_trainer_group_restarts_the_group_and_the_update_is_redone(fake_ray):
+    from rstar2.training.trainer_group import RankDied
+
+    ctl = Controller("run")
+    ctl.start(_cfg(), "/m/sft")
+    ctl.save("/c/step-1", {})
+    first = ctl.trainer
+
+    def rank_died(uri):
+        raise RankDied("rank(s) [1] of 2 died during update")  # as the group raises it (a RayTaskError around it)
+    first.obj.update = rank_died
+    assert ctl.update("kept-2.parquet")["batch"] == "kept-2.parquet"
+    assert ctl.trainer is not first and ctl.trainer.obj.states == ["/c/step-1"] and ctl.respawned_trainers == 1
 
 
 def test_a_restarted_trainer_is_fresh_and_the_engines_stay(fake_ray):
