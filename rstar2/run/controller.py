@@ -60,6 +60,7 @@ class Controller:
         self.loaded: str | None = None  # the weights every engine holds now
         self.weight_sync = "disk"  # how a new checkpoint's weights reach the engines (trainer.weight_sync)
         self.max_logprob_gap: float | None = None  # trainer.max_logprob_gap, checked after each update
+        self.fingerprints_comparable = True  # the engines' weight fingerprints match their checkpoints' (at start)
         self._cfg: RunCfg | None = None
         self._trainer_state: TrainerState | None = None
         self._updated_on: str | None = None  # the batch of the trainer's update since its state was last saved
@@ -99,9 +100,12 @@ class Controller:
         # engines and trainer start side by side (each start is mostly one process importing and loading), then
         # both are waited for
         engines_up = trainer_up = None
+        fresh = False  # engines started here from model_dir (none taken over)
         if not self.engines:
-            self.engines = [_find(n) or _spawn_engine(n, cfg, model_dir, i, self.placement)
-                            for i, n in enumerate(engine_names)]
+            live = [_find(n) for n in engine_names]
+            fresh = not any(live)
+            self.engines = [e or _spawn_engine(n, cfg, model_dir, i, self.placement)
+                            for i, (n, e) in enumerate(zip(engine_names, live))]
             engines_up = [e.info.remote() for e in self.engines]
         if with_trainer and self.trainer is None:
             self.trainer = _find(trainer_name) or _spawn_trainer(trainer_name, cfg, model_dir, self.placement)
@@ -110,6 +114,8 @@ class Controller:
         if engines_up is not None:
             self._engine_info = ray.get(engines_up)
             self.loaded = model_dir
+            if fresh:
+                self._calibrate_fingerprint(model_dir)
         if trainer_up is not None:
             ray.get(trainer_up)
         if self.estimator is None:
@@ -204,10 +210,23 @@ class Controller:
         self.loaded = ckpt_dir
         return ckpt_dir
 
+    def _calibrate_fingerprint(self, model_dir: str) -> None:
+        """Engines just started from `model_dir` hold exactly its weights: where their fingerprint differs from the
+        directory's all the same, this model family's loader transforms the tensors fingerprinted (a norm stored as
+        1 + w, say), so the check is off for the run (one line says so) and the log-prob gap alone stands guard."""
+        try:
+            self._check_weights(model_dir)
+        except WeightSyncError as e:
+            self.fingerprints_comparable = False
+            print(f"weight fingerprints are not comparable for this model, so not checked ({e})", file=sys.stderr,
+                  flush=True)
+
     def _check_weights(self, model_dir: str) -> None:
         """Each engine's weights, read back from its model, against `model_dir`'s (rstar2.run.fingerprint):
         WeightSyncError naming the engines that serve anything else. A directory without safetensors has nothing
         to compare against."""
+        if not self.fingerprints_comparable:
+            return
         served = ray.get([e.fingerprint.remote() for e in self.engines])  # [(dtype, fingerprint)]
         want = {dtype: fingerprint.of_checkpoint(model_dir, dtype) for dtype in {d for d, _ in served}}
         wrong = [f"engine {i} {fp}" for i, (dtype, fp) in enumerate(served) if want[dtype] not in (None, fp)]

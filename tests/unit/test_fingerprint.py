@@ -58,10 +58,25 @@ def test_the_sync_check_names_the_engine_that_kept_other_weights(tmp_path, monke
     save_file(_weights(), str(tmp_path / "model.safetensors"))
     now = fingerprint.of_checkpoint(tmp_path, "float32")
     old = fingerprint.of_tensors(_weights(2.0).items(), torch.float32)
-    ctl = controller.Controller.__new__(controller.Controller)
+    ctl = controller.Controller("run")
     ctl.engines = [_Engine(("float32", now)), _Engine(("bfloat16", fingerprint.of_checkpoint(tmp_path, "bfloat16")))]
+    ctl._calibrate_fingerprint(str(tmp_path))
     ctl._check_weights(str(tmp_path))  # each engine against the checkpoint in its own dtype
     ctl.engines.append(_Engine(("float32", old)))
     with pytest.raises(WeightSyncError, match=f"engine 2 {old} against the checkpoint's"):
         ctl._check_weights(str(tmp_path))
     ctl._check_weights(str(tmp_path / "no-safetensors"))  # nothing to compare against: no verdict
+
+
+def test_a_model_whose_loader_transforms_the_norms_turns_the_check_off_at_start(tmp_path, monkeypatch, capsys):
+    """Engines just started from a directory hold its weights: a mismatch then is the model family's loader (a norm
+    stored as 1 + w), not a lost sync, so the run goes on without the check and says so once."""
+    from rstar2.run import controller
+
+    monkeypatch.setattr(controller.ray, "get", lambda refs: refs)
+    save_file(_weights(), str(tmp_path / "model.safetensors"))
+    ctl = controller.Controller("run")
+    ctl.engines = [_Engine(("float32", fingerprint.of_tensors(_weights(2.0).items(), torch.float32)))]
+    ctl._calibrate_fingerprint(str(tmp_path))
+    assert not ctl.fingerprints_comparable and "not comparable for this model" in capsys.readouterr().err
+    ctl._check_weights(str(tmp_path))  # off for the run: no verdict
