@@ -240,8 +240,9 @@ class Controller:
     def update(self, batch_uri: str) -> dict:
         """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
         (weights to CPU memory, KV cache dropped) and wake up after it. A trainer that dies (its process killed, its
-        node lost; with trainer.world_size > 1 any of its ranks, and then the whole group) is started again in the state it had before the update, and the update is redone: the same batch
-        from the same state gives the same step (a resumed update is bit-identical)."""
+        node lost; with trainer.world_size > 1 any of its ranks, and then the whole group) is started again in the
+        state it had before the update, and the update is redone: the same batch from the same state gives the same
+        step (a resumed update is bit-identical)."""
         try:
             metrics = self._update(batch_uri)
         except (RayActorError, RankDied) as e:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -55,13 +56,17 @@ class Serve:
                                       "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])
-        _until("serve registers the deployments", self._deployed, 600, 5)
+        _until("serve registers the deployments", self._deployed, 600, 1)
 
     def _deployed(self) -> bool:
+        """The last deployment of prefect.yaml is registered (asked of the API: a `prefect` command costs seconds)."""
         assert self.proc.poll() is None, f"serve exited: {self.proc.returncode}"
-        done = subprocess.run([services._bin("prefect"), "deployment", "inspect", "evaluate/on-checkpoint"],
-                              env=self.env, capture_output=True)
-        return done.returncode == 0
+        try:
+            with urllib.request.urlopen(f"{self.env['PREFECT_API_URL']}/deployments/name/evaluate/on-checkpoint",
+                                        timeout=5) as r:
+                return r.status == 200
+        except OSError:  # not up yet, or not registered yet (404)
+            return False
 
     def kill_prefect_server(self) -> None:
         """SIGKILL of serve's Prefect server process, as an out-of-memory kill would end it."""
@@ -102,7 +107,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
             def first_checkpoint():
                 assert not c.read_flow_run(fr.id).state.is_final(), "the campaign ended before its first checkpoint"
                 return list(run.glob("checkpoints/*/step-*/COMMITTED.json"))
-            _until("the first checkpoint", first_checkpoint, 1800, 5)
+            _until("the first checkpoint", first_checkpoint, 1800, 1)
     except BaseException:
         first.stop(interrupt)  # a failed test leaves no servers behind either
         raise
@@ -121,12 +126,12 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
             c.set_flow_run_state(fr.id, Scheduled(), force=True)  # what the UI's Retry does
             _until("the retried campaign runs", lambda: c.read_flow_run(fr.id).state.is_running(), 600, 2)
             second.kill_prefect_server()  # serve starts it again; the worker and the flow run ride it out
-            state = _until("the retried campaign", lambda: (s := _state(c, fr.id)) and s.is_final() and s, 1800, 5)
+            state = _until("the retried campaign", lambda: (s := _state(c, fr.id)) and s.is_final() and s, 1800, 2)
             assert state.is_completed(), state
             assert "the Prefect server exited (code -9); starting it again" in second.output()
             on_ckpt = _by_name(c, "evaluate/on-checkpoint")
             evals = _until("the triggered evaluations settle", lambda: (e := c.read_flow_runs(
-                deployment_filter=on_ckpt)) and all(r.state.is_final() for r in e) and e, 900, 5)
+                deployment_filter=on_ckpt)) and all(r.state.is_final() for r in e) and e, 900, 2)
         # one burst (the whole campaign) -> at most one evaluation run, in each serve's life
         assert len(evals) <= 2, [(e.name, e.state) for e in evals]
         newest = sorted(run.glob("checkpoints/*/step-*"))[-1]
