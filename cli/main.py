@@ -97,7 +97,8 @@ def _in_chain(e: BaseException | None, kinds: tuple[type, ...]) -> BaseException
 
 def _run_stop(e: BaseException) -> BaseException | None:
     """The check that stopped a run, if one did (a full disk, the rollout/train log-prob gap, the token stream against
-    the template, the engines' weights against the checkpoint), unwrapped from Prefect's and Ray's errors around it; None for anything else."""
+    the template, the engines' weights against the checkpoint), unwrapped from Prefect's and Ray's errors around it;
+    None for anything else."""
     from rstar2.rollout.stream_check import StreamMismatch
     from rstar2.run.checkpoint import DiskFull
     from rstar2.run.fingerprint import WeightSyncError

@@ -29,7 +29,8 @@ def of_tensors(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) ->
     h, n = hashlib.sha256(), 0
     for name, t in sorted(((k, v) for k, v in named if k.endswith(SUFFIX)), key=lambda kv: kv[0]):
         h.update(name.encode())
-        h.update(t.detach().to("cpu").to(dtype).float().contiguous().numpy().tobytes())  # rounded as the engine holds it
+        # rounded to the engine's dtype as its loader rounds, then hashed as float32 (numpy has no bfloat16)
+        h.update(t.detach().to("cpu").to(dtype).float().contiguous().numpy().tobytes())
         n += 1
     return f"{n}:{h.hexdigest()[:16]}" if n else None
 

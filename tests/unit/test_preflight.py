@@ -223,4 +223,5 @@ def test_a_given_sft_model_is_the_one_checked_its_context_and_its_commit(tmp_pat
     loose = tmp_path / "loose"
     shutil.copytree(qwen_model_dir, loose)  # a model directory, never committed
     bad = check(loose)
-    assert bad["model and template"]["status"] == "fail" and "not a committed checkpoint" in bad["model and template"]["detail"]
+    row = bad["model and template"]
+    assert row["status"] == "fail" and "not a committed checkpoint" in row["detail"]

@@ -15,8 +15,8 @@ from rstar2.cli import services
 
 def _proc(seconds: float) -> subprocess.Popen:
     # a server stand-in with a child of its own in its session, as `prefect server start` has
-    return subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen(['sleep', '{seconds}']); "
-                             f"time.sleep({seconds})"], start_new_session=True)
+    code = f"import subprocess, time; subprocess.Popen(['sleep', '{seconds}']); time.sleep({seconds})"
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 
 def test_a_killed_server_is_started_again_its_group_killed_and_the_worker_ends_the_watch():
