@@ -39,8 +39,22 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
                          str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
     metrics = rl.step_figures({"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update})
-    if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-        ev = evaluate_loaded(cfg, run, rl.ModelRef(dir=ckpt, meta=meta, step=global_step + 1), cfg.eval.split,
-                             str(run.layout.step_eval(stage.name, step)))
-        metrics.update({f"eval_{k}": v for k, v in ev.items() if k != "suites"})  # with suites: the first suite's
+    if eval_due(cfg, step + 1):
+        metrics.update(step_eval(cfg, run, stage, ckpt, meta))
     return {"checkpoint": ckpt, **metrics}
+
+
+MODEL_META = ("run", "preset", "stage", "step", "global_step")  # what a step's checkpoint tells MLflow of itself
+
+
+def eval_due(cfg: RunCfg, step: int) -> bool:
+    """Whether step `step` (1-based within its stage) ends with an evaluation (eval.every)."""
+    return bool(cfg.eval.every) and step % cfg.eval.every == 0
+
+
+def step_eval(cfg: RunCfg, run: RunRef, stage: StageCfg, ckpt: str, meta: dict) -> dict:
+    """The evaluation after a step (its checkpoint `ckpt` in the engines, `meta` its MODEL_META) as eval_<figure>
+    step figures; with eval.suites, the first suite's."""
+    ev = evaluate_loaded(cfg, run, rl.ModelRef(dir=ckpt, meta=meta, step=meta["global_step"]), cfg.eval.split,
+                         str(run.layout.step_eval(stage.name, meta["step"] - 1)))
+    return {f"eval_{k}": v for k, v in ev.items() if k != "suites"}

@@ -14,9 +14,9 @@ from rstar2.run import checkpoint, runstate
 from rstar2.training import transition
 from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
-from rstar2.flows.rl_step import StepAt, rl_step
+from rstar2.flows.rl_step import MODEL_META, StepAt, eval_due, rl_step, step_eval
 from rstar2.flows.stage_transition import StageStart
-from rstar2.tasks import costs, track
+from rstar2.tasks import costs, rl, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
@@ -33,6 +33,19 @@ def _progress_line(stage: StageCfg, row: dict) -> str:
     return f"stage {stage.name}: step {row['step']} of its budget {stage.steps}" + (f" | {figures}" if figures else "")
 
 
+def _redo_step_evals(cfg: RunCfg, run: RunRef, stage: StageCfg, rows: list[dict], committed: list) -> None:
+    """A step that died after its commit, before its periodic evaluation (eval.every), gets it now, into its row (a
+    plateau on eval_pass1 then sees what the run without the fault saw); the engines hold the last checkpoint again
+    after it."""
+    due = [(r, d) for r, d in zip(rows, committed) if eval_due(cfg, r["step"]) and "eval_pass1" not in r]
+    for row, ckpt in due:
+        manifest = checkpoint.manifest(ckpt)
+        rl.load_weights(run, str(ckpt))
+        row.update(step_eval(cfg, run, stage, str(ckpt), {k: manifest[k] for k in MODEL_META if k in manifest}))
+    if due:
+        rl.load_weights(run, str(committed[-1]))
+
+
 @flow(name="train-stage", flow_run_name="{stage.name}")
 def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) -> dict:
     """The stage from `start` (stage_transition's), its steps logged to a stage run under the run's MLflow run."""
@@ -47,6 +60,7 @@ def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) ->
     _, run_id = track.open_run(track.RunSpec(
         experiment=cfg.experiment, out_dir=cfg.out_dir, name=f"stage-{stage.name}", key=f"{layout.root}#{stage.name}",
         parent_id=run.mlflow_run_id, tags=tags, params=stage.model_dump(), link_key=_key(stage, "mlflow")))
+    _redo_step_evals(cfg, run.model_copy(update={"mlflow_run_id": run_id}), stage, rows, committed)
     track.log_unlogged_steps(rows, global_step0, stage.name, (run_id, run.mlflow_run_id))  # died after a commit
     step = len(rows)
     progress = create_progress_artifact(step / max(1, stage.steps) * 100, key=_key(stage, "progress"),
