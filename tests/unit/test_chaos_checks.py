@@ -1,17 +1,17 @@
 """The chaos command's checks on hand-made run records: what counts as a difference from the reference run, and each
-verdict (the runs themselves are in tests/flows/test_chaos.py)."""
+verdict (the runs themselves are in tests/flows/test_kill_retry.py)."""
 
 import copy
 
 import pytest
 
-from rstar2.cli import chaos
+from rstar2.cli import chaos, chaos_checks
 
 
 def record(**change) -> dict:
     rec = {"pass1": 0.5, "steps": 3,
-           "figures": {**{m: [0.1, 0.2, 0.3] for m in chaos.FIGURES}, "logprob_gap": [1e-7, 2e-7, 1e-7]},
-           "mlflow_steps": {m: [1, 2, 3] for m in chaos.FIGURES + ["logprob_gap"]},
+           "figures": {**{m: [0.1, 0.2, 0.3] for m in chaos_checks.FIGURES}, "logprob_gap": [1e-7, 2e-7, 1e-7]},
+           "mlflow_steps": {m: [1, 2, 3] for m in chaos_checks.FIGURES + ["logprob_gap"]},
            "kept": ["a", "b", "c"],
            "rollouts": [{"rows": 24, "unique": 24, "keys": k} for k in "xyz"],
            "checkpoints": [{"name": f"step-000{i}", "committed": True, "optimizer_step": i, "committed_at": f"t{i}"}
@@ -22,14 +22,14 @@ def record(**change) -> dict:
 
 
 def test_the_same_run_differs_in_nothing():
-    assert chaos.differences(record(), record(), {"step-0001": "t1"}) == []
+    assert chaos_checks.differences(record(), record(), {"step-0001": "t1"}) == []
 
 
 def test_each_kind_of_difference_is_named():
     ref = record()
     got = copy.deepcopy(ref)
     got["figures"]["grad_norm"][1] = 0.2000001
-    assert chaos.differences(got, ref, {}) == ["grad_norm per step [0.1, 0.2000001, 0.3] != [0.1, 0.2, 0.3]"]
+    assert chaos_checks.differences(got, ref, {}) == ["grad_norm per step [0.1, 0.2000001, 0.3] != [0.1, 0.2, 0.3]"]
     checks = {
         "held-out pass@1": record(pass1=0.49),
         "logprob_gap": record(figures={**ref["figures"], "logprob_gap": [1e-7, 0.02, 1e-7]}),
@@ -45,10 +45,10 @@ def test_each_kind_of_difference_is_named():
             {**c, "optimizer_step": s} for c, s in zip(ref["checkpoints"], (1, 1, 2))]),
     }
     for want, got in checks.items():
-        diffs = chaos.differences(got, ref, {})
+        diffs = chaos_checks.differences(got, ref, {})
         assert len(diffs) == 1 and diffs[0].startswith(want), (want, diffs)
     # a checkpoint committed before the retry and committed again after it: a step done twice
-    assert chaos.differences(record(), ref, {"step-0001": "t0"}) == ["checkpoints written again after the retry: "
+    assert chaos_checks.differences(record(), ref, {"step-0001": "t0"}) == ["checkpoints written again after the retry: "
                                                                      "['step-0001']"]
 
 
@@ -64,7 +64,7 @@ def test_each_kind_of_difference_is_named():
     ({"returncode": 0, "attempts": 1, "struck": {}, "not_injected": ["trainer"], "differences": []}, "failed"),
 ])
 def test_verdicts(row, want):
-    assert chaos.verdict(row) == want
+    assert chaos_checks.verdict(row) == want
 
 
 def test_an_unknown_fault_is_refused_before_anything_runs():
