@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from rstar2.run import checkpoint
 from rstar2.run.config import TrainerCfg
@@ -95,14 +95,15 @@ class TrainerGroup:
         does not answer a ping as dead (one whose peer died mid-collective errors before Ray reports the death)."""
         if isinstance(error, RayActorError):
             return [failed]
+        pings = [r.__ray_ready__.remote() for r in self.ranks]  # all at once: the living may each be stuck in a call
+        answered, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)  # the rest: alive, inside a call
         dead = []
-        for i, r in enumerate(self.ranks):
+        for i, ping in enumerate(pings):
             try:
-                ray.get(r.__ray_ready__.remote(), timeout=timeout_s)
+                if ping in answered:
+                    ray.get(ping)
             except RayActorError:
                 dead.append(i)
-            except GetTimeoutError:  # alive but still inside a call (a collective waiting on the dead)
-                pass
         return dead
 
     def update(self, batch_parquet: str) -> dict:

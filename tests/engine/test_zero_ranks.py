@@ -93,6 +93,9 @@ def test_two_ranks_match_one_and_resume_bit_identical(tiny_model, ray_up, tmp_pa
         with pytest.raises(RankDied, match=r"rank\(s\) \[1\] of 2 died during update"):
             b.update(b2)
         assert time.monotonic() - t0 < 60
+        # seen first from a living rank (its collective failed): the dead one is found by a ping, the busy one waited
+        # on for the timeout only
+        assert b._dead_ranks(RuntimeError("gloo: connection closed by peer"), 0, timeout_s=5) == [1]
     stop(b)
     for k in uninterrupted:
         assert torch.equal(resumed[k], uninterrupted[k]), k
