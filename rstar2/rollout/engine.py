@@ -43,13 +43,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from rstar2.rollout.chat import ChatFormat
+from rstar2.run import weight_bus
 from rstar2.run.config import RunCfg
 
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
 # log-prob of each new token when the request asked for them, else None)
 TurnOut = tuple[list[int], str, dict, list[float] | None]
-# new weights: a checkpoint directory (safetensors), or a state dict in memory (HF parameter names -> CPU tensors)
-Weights = str | dict[str, Any]
+# new weights: a checkpoint directory (safetensors), a state dict in memory (HF parameter names -> CPU tensors), or a
+# collective broadcast to join (trainer.weight_sync: collective)
+Weights = str | dict[str, Any] | weight_bus.Incoming
 
 
 @dataclass
@@ -324,10 +326,13 @@ class _VLLMBackend:
                  _sampled_logprobs(o.outputs[0].logprobs)) for o in self.engine.step() if o.finished]
 
     def reload(self, weights: Weights) -> None:
-        # a state dict goes in as (name, tensor) pairs: possible because the engine runs in this process (an engine
-        # core in another process would get them msgpack-serialised into lists)
-        src = {"weights_path": weights} if isinstance(weights, str) else {"weights_iterator": list(weights.items())}
-        self.engine.collective_rpc("reload_weights", kwargs=src)
+        if isinstance(weights, weight_bus.Incoming):  # every worker receives its own copy from the group
+            self.engine.collective_rpc(_receive_weights, args=(weights,))
+        else:
+            # a state dict goes in as (name, tensor) pairs: possible because the engine runs in this process (an
+            # engine core in another process would get them msgpack-serialised into lists)
+            src = {"weights_path": weights} if isinstance(weights, str) else {"weights_iterator": list(weights.items())}
+            self.engine.collective_rpc("reload_weights", kwargs=src)
         self.engine.collective_rpc(_repack_cpu_lm_head)
         self.engine.reset_prefix_cache()
 
@@ -358,6 +363,10 @@ class _VLLMBackend:
         cfg = self.engine.vllm_config.cache_config
         return {"num_gpu_blocks": cfg.num_gpu_blocks, "block_size": cfg.block_size,
                 "kv_capacity_tokens": (cfg.num_gpu_blocks or 0) * cfg.block_size}
+
+    def dtype(self) -> str:
+        """The dtype the model's weights are served in (the config's "auto" resolved)."""
+        return str(self.engine.vllm_config.model_config.dtype).removeprefix("torch.")
 
 
 def sleep_mode_available() -> bool:
@@ -437,7 +446,8 @@ class VLLMEngine:
         return self.loop.wake_up().result()
 
     def info(self) -> dict:
-        return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(), **self._backend.capacity()}
+        return {"start_s": self.start_s, "weights": self.weights_version, "pid": os.getpid(),
+                "dtype": self._backend.dtype(), **self._backend.capacity()}
 
     def stats(self) -> dict:
         return self.loop.stats()
@@ -543,6 +553,15 @@ def _fingerprint(worker) -> tuple[str, str | None]:
     from rstar2.run import fingerprint
 
     return fingerprint.of_model(worker.model_runner.model)
+
+
+def _receive_weights(worker, sync: weight_bus.Incoming) -> None:
+    """A worker's share of a collective sync: it loads each bucket's tensors as they arrive (rstar2.run.weight_bus)."""
+    device = next(worker.model_runner.model.parameters()).device
+    tensors = weight_bus.receive(sync, worker.rank, device)
+    worker.model_runner.reload_weights(weights_iterator=tensors)
+    for _ in tensors:  # whatever the loader left: the sender waits for every member in every bucket
+        pass
 
 
 def _repack_cpu_lm_head(worker) -> None:

@@ -153,8 +153,10 @@ class TrainerCfg(_Cfg):
     world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each; CPU processes without GPUs); > 1 needs deepspeed
     gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~1/3 more compute
     # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
-    # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store
-    weight_sync: Literal["disk", "memory"] = "disk"
+    # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store;
+    # "collective" broadcasts it from rank 0 to every engine worker in buckets (gloo on CPUs, NCCL on GPUs)
+    weight_sync: Literal["disk", "memory", "collective"] = "disk"
+    sync_bucket_mb: int = Field(64, ge=1)  # collective: the most a bucket holds (engines load each as it arrives)
     # the rollout/train mismatch: an update whose batch has a mean |log π_old - log π_engine| over its loss tokens
     # above this stops the step before its checkpoint (engines that missed a weight sync, another dtype, a shifted
     # token); measured every step as `logprob_gap`. None: not measured, and the engines are asked for no log-probs

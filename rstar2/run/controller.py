@@ -28,7 +28,7 @@ from ray.exceptions import RayActorError
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.cluster import EngineClient
-from rstar2.run import fingerprint
+from rstar2.run import fingerprint, weight_bus
 from rstar2.run.config import RunCfg, SandboxCfg
 from rstar2.run.fingerprint import WeightSyncError
 from rstar2.rollout.engine import EngineActor, EngineSpec, sleep_mode_available
@@ -70,6 +70,11 @@ class Controller:
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
         self._sandboxes: dict[str, Backend] = {}  # by the config's JSON: one service per sandbox config
         self._sandbox_lock = threading.Lock()  # tasks may ask from several threads at once
+        # trainer.weight_sync=collective: the open group, the actors it was opened for, the next sync's key
+        self._bus: weight_bus.Bus | None = None
+        self._bus_members: tuple = ()
+        self._bus_key = 0
+        self.last_sync: dict = {}  # the last collective sync's figures (rstar2.run.weight_bus.send)
 
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
@@ -197,18 +202,62 @@ class Controller:
         self.respawned_engines += 1
 
     def sync_trained(self, ckpt_dir: str) -> str:
-        """After `save(ckpt_dir)`: every engine takes the trainer's new weights, read back from `ckpt_dir`
-        (trainer.weight_sync=disk: engines and trainer must share a filesystem) or sent from memory: rank 0's
-        gathered state dict goes once into Ray's object store and each engine's reload reads it from there (zero-copy
-        on the trainer's node), so no file is read on the way. On GPUs the same path stages through host memory; a
-        NCCL collective group from rank 0 into the engines is not built yet."""
+        """After `save(ckpt_dir)`: every engine takes the trainer's new weights (trainer.weight_sync):
+        - disk: read back from `ckpt_dir` (engines and trainer must share a filesystem);
+        - memory: rank 0's gathered state dict goes once into Ray's object store and each engine's reload reads it
+          from there (zero-copy on the trainer's node; on GPUs it stages through host memory);
+        - collective: rank 0 broadcasts them in buckets over a process group of its own with every engine worker
+          (rstar2.run.weight_bus: gloo on CPUs, NCCL on GPUs), each engine loading a bucket as it arrives.
+        No file is read on the memory and collective paths."""
         if self.weight_sync == "disk":
             return self.sync_weights(ckpt_dir)
-        weights = self.trainer.full_state_dict.remote()
-        self._on_every_engine(lambda e: e.load_weights.remote(weights, ckpt_dir), ckpt_dir)
+        if self.weight_sync == "collective":
+            self._broadcast(ckpt_dir)
+        else:
+            self._send_by_object_store(ckpt_dir)
         self._check_weights(ckpt_dir)
         self.loaded = ckpt_dir
         return ckpt_dir
+
+    def _send_by_object_store(self, ckpt_dir: str) -> None:
+        weights = self.trainer.full_state_dict.remote()
+        self._on_every_engine(lambda e: e.load_weights.remote(weights, ckpt_dir), ckpt_dir)
+
+    def _broadcast(self, ckpt_dir: str) -> None:
+        """One collective sync. Engines found dead start again from `ckpt_dir` first (a group waits for all its
+        members). A group is opened for the actors alive then (its store on the trainer's node) and kept while they
+        live. When a sync fails all the same (an engine died mid-broadcast, a peer timed out), the group is dropped,
+        and the engines take the weights through the object store (a dead one starts again): the step goes on, and
+        the next sync opens a new group. A dead trainer is the update's to recover from: its error goes up."""
+        self._on_every_engine(lambda e: e.__ray_ready__.remote(), ckpt_dir)
+        members = (*self.engines, self.trainer)
+        if self._bus is None or len(members) != len(self._bus_members) or \
+                any(a is not b for a, b in zip(members, self._bus_members)):
+            self._bus, self._bus_members, self._bus_key = self._open_bus(), members, 0
+        bus, key, tp = self._bus, self._bus_key, self._cfg.engine.tensor_parallel_size
+        self._bus_key += 1
+        loads = [e.load_weights.remote(weight_bus.Incoming(bus, key, 1 + i * tp), ckpt_dir)
+                 for i, e in enumerate(self.engines)]
+        sent = self.trainer.broadcast_weights.remote(bus, key)
+        try:
+            self.last_sync = ray.get(sent)
+            ray.get(loads)
+        except Exception as e:  # noqa: BLE001 - sorted here: the trainer's death goes up, the rest is recovered
+            self._bus = None
+            if isinstance(e, RankDied) or isinstance(e, RayActorError) and not _alive(self.trainer):
+                raise
+            print(f"collective weight sync failed ({type(e).__name__}: {e}); sending {ckpt_dir} through the object "
+                  "store this time", file=sys.stderr, flush=True)
+            ray.wait(loads, num_returns=len(loads), timeout=bus.timeout_s)  # the receivers' own errors, or timeouts
+            self._send_by_object_store(ckpt_dir)
+
+    def _open_bus(self) -> weight_bus.Bus:
+        cfg = self._cfg
+        host, port = ray.get(self.trainer.weight_bus_address.remote())
+        dtype = (self._engine_info[0] if self._engine_info else {}).get("dtype", cfg.engine.dtype)
+        return weight_bus.Bus(host, port, size=1 + len(self.engines) * cfg.engine.tensor_parallel_size,
+                              backend="nccl" if _on_gpus(cfg) else "gloo",
+                              bucket_bytes=cfg.trainer.sync_bucket_mb * 2**20, dtype=dtype)
 
     def _calibrate_fingerprint(self, model_dir: str) -> None:
         """Engines just started from `model_dir` hold exactly its weights: where their fingerprint differs from the
@@ -349,6 +398,14 @@ def _spawn_trainer(name: str, cfg: RunCfg, model_dir: str, place: placement.Plac
     ranks = [place.rank_options(r) for r in range(cfg.trainer.world_size)]
     return ray.remote(num_cpus=0, num_gpus=0)(TrainerGroup).options(name=name).remote(
         *args, gpus_per_rank=1.0 if _on_gpus(cfg) else 0.0, rank_options=ranks)  # CPU ranks split the cores
+
+
+def _alive(handle, timeout_s: float = 30.0) -> bool:
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
+        return True
+    except RayActorError:
+        return False
 
 
 def _on_gpus(cfg: RunCfg) -> bool:

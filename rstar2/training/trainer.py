@@ -42,7 +42,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from rstar2.run import checkpoint
+from rstar2.run import checkpoint, weight_bus
+from rstar2.run.net import free_port
 
 from rstar2.training import device as dev, grpo
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
@@ -247,6 +248,19 @@ class PolicyTrainer:
         if isinstance(self.backend, TorchBackend):
             return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return self.backend.full_state_dict()
+
+    def weight_bus_address(self) -> tuple[str, int]:
+        """Where this rank (rank 0) hosts a weight bus's store: its node's address and a free port."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port("")
+
+    def broadcast_weights(self, bus: weight_bus.Bus, key: int) -> dict | None:
+        """trainer.weight_sync=collective: rank 0 broadcasts the current weights to the engines (rstar2.run.weight_bus);
+        {"sync_bytes", "sync_buckets"}, None on other ranks. The torch backend sends from its own parameters (no
+        copy), DeepSpeed from rank 0's gathered state dict (every rank takes part in the gather)."""
+        weights = self.model.state_dict() if isinstance(self.backend, TorchBackend) else self.backend.full_state_dict()
+        return weight_bus.send(bus, key, weights.items(), self.device) if self.rank == 0 else None
 
     def write_state(self, tmp: str, meta: dict) -> None:
         """Write this rank's part of a checkpoint into `tmp` (the caller commits the directory)."""

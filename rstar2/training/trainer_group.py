@@ -120,5 +120,12 @@ class TrainerGroup:
         """Rank 0's gathered weights (every rank takes part in the gather)."""
         return self._all("full_state_dict")[0]
 
+    def weight_bus_address(self) -> tuple[str, int]:
+        return ray.get(self.ranks[0].call.remote("weight_bus_address"))
+
+    def broadcast_weights(self, bus, key: int) -> dict:
+        """Rank 0 sends (rstar2.run.weight_bus); every rank takes part in gathering the weights."""
+        return self._all("broadcast_weights", bus, key)[0]
+
     def load_state(self, ckpt_dir: str) -> dict:
         return self._all("load_state", ckpt_dir)[0]

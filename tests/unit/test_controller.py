@@ -37,6 +37,8 @@ class FakeEngine:
 
 
 DEAD = object()  # what a call on a dead actor returns here; FakeRay.get raises as Ray's does
+FAILED = object()  # what a call that raised returns here (a broadcast whose peer went away)
+PORTS: list[int] = []  # the weight bus ports the trainer handed out
 
 
 class FakeTrainer:
@@ -63,6 +65,15 @@ class FakeTrainer:
     def full_state_dict(self):
         return {"w": self.model_dir}
 
+    def weight_bus_address(self):
+        PORTS.append(29500 + len(PORTS))
+        return "10.0.0.7", PORTS[-1]
+
+    def broadcast_weights(self, bus, key):
+        if getattr(self, "dead", False):
+            return DEAD
+        return FAILED if getattr(self, "broadcast_fails", False) else {"sync_bytes": 4, "sync_buckets": 1}
+
 
 class Handle:
     """An actor handle: `handle.method.remote(...)` runs the method at once; FakeRay.get returns the result."""
@@ -72,7 +83,7 @@ class Handle:
 
     def __getattr__(self, name):
         if name == "__ray_ready__":
-            return SimpleNamespace(remote=lambda: True)
+            return SimpleNamespace(remote=lambda: DEAD if getattr(self.obj, "dead", False) else True)
         return SimpleNamespace(remote=getattr(self.obj, name))
 
 
@@ -93,10 +104,15 @@ class FakeRay:
             return SimpleNamespace(options=options)
         return bind if cls is None else bind(cls)
 
-    def get(self, refs):
+    def get(self, refs, timeout=None):
         if refs is DEAD or (isinstance(refs, list) and DEAD in refs):
             raise RayActorError()
+        if refs is FAILED:
+            raise RuntimeError("Connection closed by peer")
         return refs
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return refs, []
 
     def get_actor(self, name, namespace=None):
         if name not in self.named:
@@ -175,6 +191,45 @@ def test_sync_trained_by_weight_sync_mode(fake_ray, mode):
     ctl.sync_trained("/c/step-1")
     want = "/c/step-1" if mode == "disk" else ({"w": "/m/sft"}, "/c/step-1")  # the trainer's weights, named by step
     assert [h.obj.loads for h in ctl.engines] == [[want]] * 2 and ctl.loaded == "/c/step-1"
+
+
+def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
+    from rstar2.run.weight_bus import Incoming
+
+    PORTS.clear()
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"trainer.weight_sync": "collective"}), "/m/sft")
+    ctl.sync_trained("/c/step-1")
+    ctl.sync_trained("/c/step-2")
+    bus = ctl._bus
+    assert (bus.host, bus.port, bus.size, bus.backend, bus.dtype, bus.bucket_bytes) == \
+        ("10.0.0.7", 29500, 3, "gloo", "float32", 64 * 2**20)  # rank 0 and one worker an engine; the tiny dtype
+    assert [h.obj.loads for h in ctl.engines] == [[(Incoming(bus, k, 1 + i), f"/c/step-{k + 1}") for k in (0, 1)]
+                                                  for i in (0, 1)]
+    assert ctl.loaded == "/c/step-2" and ctl.last_sync == {"sync_bytes": 4, "sync_buckets": 1}
+
+    ctl.engines[1].obj.dead = True  # killed during the rollout: started again first, and a new group is opened
+    ctl.sync_trained("/c/step-3")
+    assert ctl.engines[1].obj.spec.model_dir == "/c/step-3" and ctl.respawned_engines == 1
+    assert ctl._bus.port == 29501 and ctl.engines[0].obj.loads[-1] == (Incoming(ctl._bus, 0, 1), "/c/step-3")
+
+
+def test_a_failed_broadcast_falls_back_to_the_object_store_and_a_dead_trainer_goes_up(fake_ray, capsys):
+    PORTS.clear()
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"trainer.weight_sync": "collective"}), "/m/sft")
+    ctl.trainer.obj.broadcast_fails = True
+    ctl.sync_trained("/c/step-1")
+    assert [h.obj.loads[-1] for h in ctl.engines] == [({"w": "/m/sft"}, "/c/step-1")] * 2
+    assert "collective weight sync failed (RuntimeError: Connection closed by peer)" in capsys.readouterr().err
+    assert ctl._bus is None and ctl.loaded == "/c/step-1"
+    ctl.trainer.obj.broadcast_fails = False
+    ctl.sync_trained("/c/step-2")
+    assert ctl._bus.port == 29501  # the next sync opened a new group
+    ctl.trainer.obj.dead = True
+    with pytest.raises(RayActorError):
+        ctl.sync_trained("/c/step-3")
+    assert ctl._bus is None
 
 
 def test_the_trainer_calls_go_to_the_trainer(fake_ray):
