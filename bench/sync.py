@@ -4,7 +4,10 @@ For random Qwen2 models of three sizes (the tiny world's tokenizer and chat temp
 runs as a Ray actor (as in a run) and the bench process plays the trainer holding the updated state dict:
   disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.run.checkpoint),
           then the engine reloads it from the directory;
-  memory: the state dict goes once into Ray's object store and the engine reloads from it (no file).
+  memory: the state dict goes once into Ray's object store and the engine reloads from it (no file);
+  collective: the bench process broadcasts the state dict over a gloo group of its own with the engine's worker, in
+          buckets of `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.run.weight_bus). The first
+          sync also opens the group; it is reported apart (`collective_first_s`).
 Each figure is the median of `repeats` syncs of freshly perturbed weights.
 """
 
@@ -46,19 +49,23 @@ def random_model(out: Path, hidden: int, layers: int, ffn: int, heads: int, kv: 
     return sum(p.numel() for p in model.parameters())
 
 
-def measure(model_dir: Path, work: Path, repeats: int) -> dict:
+def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     import ray
     import torch
     from safetensors.torch import load_file
 
-    from rstar2.run import checkpoint
+    from rstar2.run import checkpoint, weight_bus
+    from rstar2.run.net import free_port
     from rstar2.rollout.engine import EngineActor, EngineSpec
 
     spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20)
     engine = ray.remote(num_cpus=0)(EngineActor).remote(spec)
     ray.get(engine.info.remote())
     base = load_file(str(model_dir / "model.safetensors"))
-    times: dict[str, list[float]] = {"disk_write_s": [], "disk_reload_s": [], "disk_s": [], "memory_s": []}
+    times: dict[str, list[float]] = {"disk_write_s": [], "disk_reload_s": [], "disk_s": [], "memory_s": [],
+                                     "collective_s": []}
+    bus = weight_bus.Bus("127.0.0.1", free_port(), size=2, bucket_bytes=bucket_mb * 2**20, dtype="float32")
+    first = None
     try:
         for i in range(repeats):
             sd = {k: v + 1e-3 * torch.randn_like(v) for k, v in base.items()}  # a trainer's new weights
@@ -69,12 +76,20 @@ def measure(model_dir: Path, work: Path, repeats: int) -> dict:
             t2 = time.perf_counter()
             ray.get(engine.load_weights.remote(ray.put(sd), f"memory-{i}"))
             t3 = time.perf_counter()
+            load = engine.load_weights.remote(weight_bus.Incoming(bus, i, 1), f"collective-{i}")
+            weight_bus.send(bus, i, sd.items())
+            ray.get(load)
+            t4 = time.perf_counter()
             for k, v in (("disk_write_s", t1 - t0), ("disk_reload_s", t2 - t1), ("disk_s", t2 - t0),
-                         ("memory_s", t3 - t2)):
+                         ("memory_s", t3 - t2), ("collective_s", t4 - t3)):
                 times[k].append(v)
+            first = t4 - t3 if first is None else first
+        if repeats > 1:
+            times["collective_s"] = times["collective_s"][1:]  # the first sync also opened the group
     finally:
+        weight_bus.close()
         ray.kill(engine)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {**{k: statistics.median(v) for k, v in times.items()}, "collective_first_s": first}
 
 
 def _write(d: Path, sd: dict, model_dir: Path) -> None:
@@ -86,8 +101,10 @@ def _write(d: Path, sd: dict, model_dir: Path) -> None:
 
 def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run, comma-separated"),
             repeats: int = typer.Option(3, help="syncs per size and path (the median is reported)"),
+            bucket_mb: int = typer.Option(64, help="collective: the most one bucket holds, MiB"),
             json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
-    """Weight sync into a live vLLM engine: disk (commit + reload) vs memory (Ray object store), three model sizes."""
+    """Weight sync into a live vLLM engine: disk (commit + reload), memory (Ray object store), collective
+    (broadcast in buckets), three model sizes."""
     from rich.console import Console
     from rich.table import Table
 
@@ -105,15 +122,19 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             d = Path(tmp) / name
             d.mkdir()
             n = random_model(d / "model", *SIZES[name])
-            rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **measure(d / "model", d, repeats)})
+            rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **measure(d / "model", d, repeats, bucket_mb)})
             console.print(f"{name}: done")
-    table = Table(title="weight sync into one vLLM engine (median seconds)")
-    for col in ("size", "params", "MB fp32", "disk: commit", "disk: reload", "disk total", "memory", "disk/memory"):
+    table = Table(title="weight sync into one vLLM engine (median seconds; MB of fp32 weights)")
+    # disk = commit + reload; coll. 1st: the first collective sync (it also opens the group)
+    for col in ("size", "params", "MB", "commit", "reload", "disk", "memory", "coll.", "coll. 1st", "mem/disk",
+                "coll/disk"):
         table.add_column(col, justify="right")
     for r in rows:
+        r["memory_over_disk"], r["collective_over_disk"] = r["memory_s"] / r["disk_s"], r["collective_s"] / r["disk_s"]
         table.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['mb_fp32']:.0f}", f"{r['disk_write_s']:.3f}",
                       f"{r['disk_reload_s']:.3f}", f"{r['disk_s']:.3f}", f"{r['memory_s']:.3f}",
-                      f"{r['disk_s'] / r['memory_s']:.1f}x")
+                      f"{r['collective_s']:.3f}", f"{r['collective_first_s']:.3f}", f"{r['memory_over_disk']:.2f}x",
+                      f"{r['collective_over_disk']:.2f}x")
     console.print(table)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1))

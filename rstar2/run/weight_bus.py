@@ -99,13 +99,21 @@ def send(bus: Bus, key: int, weights: Iterable[tuple[str, torch.Tensor]], device
     if key > 0:
         store.delete_key(f"meta/{key - 1}")  # every member read it: the last sync's broadcasts completed
     store.set(f"meta/{key}", json.dumps(meta))
-    sent = 0
     parts = buckets(meta, bus.bucket_bytes)
-    for idx in parts:
-        flat = torch.cat([_cast(named[i][1], at, cast).reshape(-1) for i in idx])       # (Σ numel,)
-        group.broadcast(flat, 0).wait()
-        sent += flat.numel() * flat.element_size()
-    return {"sync_bytes": sent, "sync_buckets": len(parts)}
+    sizes = [sum(math.prod(meta[i][1]) * getattr(torch, meta[i][2]).itemsize for i in idx) for idx in parts]
+    # two buffers in turn: a bucket is on its way while the next one is packed (reused: no fresh pages each bucket)
+    buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, device=at) for _ in range(min(2, len(parts)))]
+    in_flight: list[dist.Work | None] = [None] * len(buffers)
+    for k, (idx, size) in enumerate(zip(parts, sizes)):
+        slot = k % len(buffers)
+        if in_flight[slot] is not None:
+            in_flight[slot].wait()
+        flat = buffers[slot][:size].view(getattr(torch, meta[idx[0]][2]))                  # (Σ numel,)
+        torch.cat([_cast(named[i][1], at, cast).reshape(-1) for i in idx], out=flat)
+        in_flight[slot] = group.broadcast(flat, 0)
+    for work in in_flight:
+        work.wait()
+    return {"sync_bytes": sum(sizes), "sync_buckets": len(parts)}
 
 
 def receive(sync: Incoming, worker_rank: int, device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
@@ -114,9 +122,17 @@ def receive(sync: Incoming, worker_rank: int, device: torch.device | str = "cpu"
     store, group = _join(sync.bus, sync.first_rank + worker_rank)
     at = device_of(sync.bus, device)
     meta = json.loads(store.get(f"meta/{sync.key}"))
-    for idx in buckets(meta, sync.bus.bucket_bytes):
+    parts = buckets(meta, sync.bus.bucket_bytes)
+
+    def post(idx: list[int]) -> tuple[torch.Tensor, dist.Work]:
         flat = torch.empty(sum(math.prod(meta[i][1]) for i in idx), dtype=getattr(torch, meta[idx[0]][2]), device=at)
-        group.broadcast(flat, 0).wait()
+        return flat, group.broadcast(flat, 0)
+
+    upcoming = post(parts[0]) if parts else None
+    for k, idx in enumerate(parts):
+        flat, work = upcoming
+        work.wait()
+        upcoming = post(parts[k + 1]) if k + 1 < len(parts) else None  # arrives while this one is loaded
         offset = 0
         for i in idx:
             name, shape, _ = meta[i]

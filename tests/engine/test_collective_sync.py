@@ -69,7 +69,8 @@ def test_collective_sync_matches_disk_sync(tmp_path):
 def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
     """Through the controller, real actors: the trainer actor (started on the moved weights) broadcasts them to two
     engines that were put back on the initial ones; the controller's fingerprint check passes, and they generate what
-    they generated on the moved weights loaded from disk."""
+    they generated on the moved weights loaded from disk. An engine killed before a sync is started again and the
+    sync goes on, on a new group."""
     from rstar2.run import config
     from rstar2.run.controller import Controller
 
@@ -85,6 +86,14 @@ def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
         assert ray.get(ctl.engines[0].generate.remote(prompts, [16] * 8, 0.0)) != on_moved[0]
         ctl.sync_trained(str(moved))  # what the trainer holds: the moved weights, by broadcast (checked inside)
         assert ctl._bus is not None and ctl.last_sync["sync_buckets"] > 3
+        assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved
+
+        # an engine killed between syncs: started again first (the group would wait for it), then a new group
+        ctl.sync_weights(init)
+        first_bus = ctl._bus
+        ray.kill(ctl.engines[1])
+        ctl.sync_trained(str(moved))
+        assert ctl.respawned_engines == 1 and ctl._bus is not None and ctl._bus.port != first_bus.port
         assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved
     finally:
         ctl.stop()
