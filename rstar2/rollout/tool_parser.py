@@ -19,6 +19,10 @@ from rstar2.sandbox import OK, ExecRequest, ExecResult
 from rstar2.rollout.template import TOOL_NAME
 
 TRUNCATED = "...(truncated)..."
+# an object's address in CPython's default repr (`<function f at 0x7f3a...>`): where the sandbox's allocator put it,
+# which differs from one executor process to the next; the model sees one fixed address instead
+OBJECT_ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{6,16}(?=>)")
+HIDDEN_ADDRESS = "0x7f0000000000"
 
 
 @dataclass
@@ -97,9 +101,10 @@ def truncate_middle(text: str, max_chars: int) -> str:
 
 
 def format_tool_response(result: ExecResult, max_chars: int = 512) -> str:
-    """The text inside `<tool_response>`. No timings: they would only be token noise for the model."""
+    """The text inside `<tool_response>`. No timings, and objects' addresses all the same (OBJECT_ADDRESS): both
+    would only be token noise for the model, and would make a rollout depend on which executor process ran it."""
     if result.status == OK:
         text = f"Tool call success\nstdout: {result.stdout}"
     else:
         text = f"Tool call failure\nreason: {result.status}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    return truncate_middle(text, max_chars)
+    return truncate_middle(OBJECT_ADDRESS.sub(HIDDEN_ADDRESS, text), max_chars)

@@ -214,10 +214,13 @@ class ZygoteProc:
 
     def __init__(self, slot: int, profile: str, cfg: dict, runtime: Runtime, log_path: str):
         self.slot, self.profile, self.log_path = slot, profile, log_path
+        # the whole environment, so `-I` (which would also ignore PYTHONHASHSEED) is not needed: -s -P are its other
+        # parts. A fixed hash seed: a set of strings prints in the same order from every executor process
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp",
-               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+               "PYTHONHASHSEED": "0"}
         with open(log_path, "ab") as logf:
-            self.proc = subprocess.Popen([runtime.python, "-I", "-S", str(ZYGOTE), json.dumps(cfg)],
+            self.proc = subprocess.Popen([runtime.python, "-s", "-P", "-S", str(ZYGOTE), json.dumps(cfg)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, env=env,
                                          close_fds=True, start_new_session=True)
         self.pid = self.proc.pid

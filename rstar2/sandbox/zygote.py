@@ -1,7 +1,7 @@
 """The sandbox executor: a warm interpreter ("zygote") that forks one hardened child per call.
 
 This file is its own program, run by the service as root under the sandbox interpreter with the standard library
-only: `python -I -S zygote.py CONFIG_JSON` (requests on fd 0, replies on fd 1, as 4-byte length + JSON frames).
+only: `python -s -P -S zygote.py CONFIG_JSON` (its environment is the service's, whole) (requests on fd 0, replies on fd 1, as 4-byte length + JSON frames).
 
 Once per zygote: join the slot's cgroups; unshare pid, mount, network, IPC and UTS
 namespaces (the zygote is pid 1 of its own pid namespace, its network namespace is empty); make the whole file

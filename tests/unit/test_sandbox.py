@@ -144,3 +144,14 @@ def test_histogram_quantiles():
     s = summarize(before, m.snapshot(), prefix="")
     assert 0.002 <= s["latency_p50_s"] <= 0.004 and 0.04 <= s["latency_p99_s"] <= 0.06
     assert s["calls"] == 100 and abs(s["latency_mean_s"] - (0.15 + 49 * 0.05 + 3.0) / 100) < 1e-9
+
+
+def test_every_executor_hashes_strings_alike(service):
+    """A set of strings prints in one order whichever executor process runs it (a fixed hash seed: two services'
+    executors are distinct interpreters), and the interpreter still ignores the user site and does not put the code's
+    directory on sys.path."""
+    code = "import sys\nprint(sys.flags.no_user_site, sys.flags.safe_path)\n" \
+           "print({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}, hash('rstar2'))"
+    with SandboxService(service.limits, slots=1) as other:
+        outs = {run(s, code).stdout for s in (service, other)}
+    assert len(outs) == 1 and outs.pop().startswith("1 True\n")

@@ -87,6 +87,16 @@ def test_format_tool_response():
     assert "0.1" not in format_tool_response(ExecResult("timeout", "", "", None, 4.0, 4.0))
 
 
+def test_object_addresses_read_the_same_from_every_executor():
+    gen = "<generator object <genexpr> at 0x7fd766735560>\n<function f at 0x7f0e4b35560>\n"
+    other = "<generator object <genexpr> at 0x7fd0e4b35560>\n<function f at 0x7f3a00000010>\n"
+    assert format_tool_response(ExecResult("ok", gen, "", 0, 0.1, 0.1)) == \
+        format_tool_response(ExecResult("ok", other, "", 0, 0.1, 0.1)) == \
+        "Tool call success\nstdout: <generator object <genexpr> at 0x7f0000000000>\n<function f at 0x7f0000000000>\n"
+    plain = "0x7fd766735560 at 0x1f> hex(255) = 0xff\n"  # not an object's repr: unchanged
+    assert format_tool_response(ExecResult("ok", plain, "", 0, 0.1, 0.1)) == f"Tool call success\nstdout: {plain}"
+
+
 def test_truncation_keeps_head_and_tail_within_budget():
     long = ExecResult("ok", "A" + "x" * 5000 + "Z", "", 0, 0.1, 0.1)
     text = format_tool_response(long, max_chars=256)
