@@ -101,18 +101,26 @@ def send(bus: Bus, key: int, weights: Iterable[tuple[str, torch.Tensor]], device
     store.set(f"meta/{key}", json.dumps(meta))
     parts = buckets(meta, bus.bucket_bytes)
     sizes = [sum(math.prod(meta[i][1]) * getattr(torch, meta[i][2]).itemsize for i in idx) for idx in parts]
-    # two buffers in turn: a bucket is on its way while the next one is packed (reused: no fresh pages each bucket)
-    buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, device=at) for _ in range(min(2, len(parts)))]
-    in_flight: list[dist.Work | None] = [None] * len(buffers)
-    for k, (idx, size) in enumerate(zip(parts, sizes)):
-        slot = k % len(buffers)
+    # a bucket of one tensor already as sent goes without a copy; the others are packed into two buffers in turn
+    # (reused: no fresh pages each bucket), one on its way while the next is packed
+    as_is = [named[idx[0]][1] if len(idx) == 1 and _sendable(named[idx[0]][1], at, meta[idx[0]][2]) else None
+             for idx in parts]
+    packed = max((n for n, t in zip(sizes, as_is) if t is None), default=0)
+    buffers = [torch.empty(packed, dtype=torch.uint8, device=at) for _ in range(2)]
+    in_flight: list[dist.Work | None] = [None, None]
+    for k, (idx, size, tensor) in enumerate(zip(parts, sizes, as_is)):
+        slot = k % 2
         if in_flight[slot] is not None:
             in_flight[slot].wait()
-        flat = buffers[slot][:size].view(getattr(torch, meta[idx[0]][2]))                  # (Σ numel,)
-        torch.cat([_cast(named[i][1], at, cast).reshape(-1) for i in idx], out=flat)
+        if tensor is not None:
+            flat = tensor.reshape(-1)                                                          # (numel,)
+        else:
+            flat = buffers[slot][:size].view(getattr(torch, meta[idx[0]][2]))                  # (Σ numel,)
+            torch.cat([_cast(named[i][1], at, cast).reshape(-1) for i in idx], out=flat)
         in_flight[slot] = group.broadcast(flat, 0)
     for work in in_flight:
-        work.wait()
+        if work is not None:
+            work.wait()
     return {"sync_bytes": sum(sizes), "sync_buckets": len(parts)}
 
 
@@ -144,6 +152,10 @@ def receive(sync: Incoming, worker_rank: int, device: torch.device | str = "cpu"
 def close() -> None:
     """Leave this process's group (its peers changed, or the run ends)."""
     _GROUPS.clear()
+
+
+def _sendable(t: torch.Tensor, device: torch.device, dtype: str) -> bool:
+    return t.is_contiguous() and t.device == device and t.dtype == getattr(torch, dtype)
 
 
 def _cast(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
