@@ -61,6 +61,11 @@ class Unready(Exception):
     """The fault's point has come but not its moment (e.g. no call in flight yet): try again shortly."""
 
 
+def _script(cmdline: list[str]) -> str:
+    """The program an interpreter's command line runs: its first argument that is not an option."""
+    return next((a for a in cmdline[1:] if not a.startswith("-")), "")
+
+
 def _cmdline(p: psutil.Process) -> list[str]:
     try:
         return p.cmdline()
@@ -128,7 +133,7 @@ def _zygotes(run: Run, where: psutil.Process | None = None) -> list[psutil.Proce
         server = run.state.get("servers", {}).get("sandbox")
         tree = run.children() + (psutil.Process(server.proc.pid).children(recursive=True)
                                  if server is not None and server.down_at is None else [])
-    procs = [p for p in tree if any(a.endswith("zygote.py") for a in _cmdline(p)[:4])]
+    procs = [p for p in tree if _script(_cmdline(p)).endswith("zygote.py")]
     pids = {p.pid for p in procs}
     return [p for p in procs if _parent(p) not in pids]
 

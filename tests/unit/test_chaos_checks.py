@@ -113,3 +113,19 @@ def test_a_refused_or_stopped_campaign_ends_with_one_line_and_anything_else_with
     with pytest.raises(RuntimeError, match="flow run failed"):
         _stopped(raising(KeyError("bug")))
     assert _stopped(lambda: {"ok": 1}) == {"ok": 1}
+
+
+def test_the_executor_fault_finds_the_sandbox_s_executors_by_their_command_line():
+    """The executor fault finds zygotes by the program their interpreter runs, whatever options come before it (the
+    chaos matrix's executor row was silently not injected when the options changed)."""
+    import psutil
+
+    from rstar2.cli import chaos_faults
+    from rstar2.sandbox import SandboxLimits
+    from rstar2.sandbox.service import SandboxService
+
+    assert chaos_faults._script(["/usr/bin/python3", "-s", "-P", "-S", "/x/zygote.py", "{}"]) == "/x/zygote.py"
+    with SandboxService(SandboxLimits(timeout_s=1.5, cpu_s=2, memory_mb=256), slots=1):
+        found = [p for p in psutil.Process().children(recursive=True)
+                 if chaos_faults._script(chaos_faults._cmdline(p)).endswith("zygote.py")]
+    assert found
