@@ -201,6 +201,9 @@ class EngineLoop:
     def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
+            if self._error is not None or self._stop:
+                fut.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
+                return fut
             self._inbox.append(("drained", (work, fut)))
             self._cv.notify()
         return fut
@@ -246,7 +249,11 @@ class EngineLoop:
             while self._reloads:
                 work, fut = self._reloads.pop(0)
                 t0 = time.perf_counter()
-                work()
+                try:
+                    work()
+                except Exception as err:  # noqa: BLE001 - this work failed (a weight load cut off), not the engine:
+                    fut.set_exception(err)  # its caller hears it and loads again; later requests are served
+                    continue
                 fut.set_result(time.perf_counter() - t0)
             held, self._held = self._held, []
             self._add(held)

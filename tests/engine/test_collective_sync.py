@@ -4,9 +4,11 @@ the checkpoint's weights (fingerprint) and generate greedily what an engine that
 generates; a second sync on the same group works, and a new group (a new port) replaces the old one."""
 
 import threading
+import time
 
 import pytest
 import ray
+from ray.exceptions import RayActorError
 from safetensors.torch import load_file
 
 from rstar2.rollout import cluster
@@ -29,6 +31,17 @@ def _sync(engines, bus: weight_bus.Bus, key: int, weights: dict) -> dict:
     sender.join(timeout=60)
     assert not sender.is_alive()
     return sent
+
+
+def _await_death(actor, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except RayActorError:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the killed engine still answers")
 
 
 def test_collective_sync_matches_disk_sync(tmp_path):
@@ -92,6 +105,7 @@ def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
         ctl.sync_weights(init)
         first_bus = ctl._bus
         ray.kill(ctl.engines[1])
+        _await_death(ctl.engines[1])  # killed between syncs: dead by the time of the next one (ray.kill is async)
         ctl.sync_trained(str(moved))
         assert ctl.respawned_engines == 1 and ctl._bus is not None and ctl._bus.port != first_bus.port
         assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved

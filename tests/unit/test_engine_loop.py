@@ -133,6 +133,30 @@ def test_a_broken_step_fails_every_request_clearly():
     assert "device lost" in lp.stats()["error"]
 
 
+def test_a_failed_reload_fails_itself_and_the_engine_serves_on(loop):
+    """A weight load cut off (a collective sync whose peer went away) fails its own future; the loop lives on, so the
+    caller's next load and later requests are served (before, the loop thread died and they waited forever)."""
+    lp, toy = loop
+
+    def reload(weights):
+        if weights == "cut":
+            raise ConnectionError("peer closed")
+
+    toy.reload = reload
+    with pytest.raises(ConnectionError, match="peer closed"):
+        lp.reload("cut").result(timeout=5)
+    assert lp.reload("whole").result(timeout=5) >= 0
+    assert len(lp.submit([1], 3).result(timeout=5)[0]) == 3 and lp.stats()["error"] is None
+
+
+def test_work_sent_to_a_broken_engine_fails_at_once():
+    lp = EngineLoop(Toy(fail_at_step=1))
+    with pytest.raises(RuntimeError, match="device lost"):
+        lp.submit([1], 10).result(timeout=5)
+    with pytest.raises(RuntimeError, match="engine is down"):
+        lp.reload("any").result(timeout=5)  # not queued behind a loop thread that is gone
+
+
 def test_a_stuck_step_still_answers_probes_with_frozen_progress():
     """What the agent loop's hang detection relies on: while the engine thread is stuck in a step, stats() answers
     at once, and its step counter stands still."""
