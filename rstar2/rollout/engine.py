@@ -107,7 +107,8 @@ class EngineLoop:
     """Continuous batching around a Backend, owned by one background thread (see module docstring).
 
     `submit` returns a Future of the turn's TurnOut; `reload` a Future of the seconds it took. A step that raises
-    breaks the engine: every pending and later request fails with that error (the caller requeues elsewhere)."""
+    breaks the engine: every pending and later request fails with that error (the caller requeues elsewhere). A
+    reload that raises fails only its own Future (its caller loads again)."""
 
     def __init__(self, backend: Backend, name: str = "engine-loop"):
         self.backend = backend
