@@ -122,7 +122,8 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             d = Path(tmp) / name
             d.mkdir()
             n = random_model(d / "model", *SIZES[name])
-            rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **measure(d / "model", d, repeats, bucket_mb)})
+            figures = measure(d / "model", d, repeats, bucket_mb)
+            rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **figures})
             console.print(f"{name}: done")
     table = Table(title="weight sync into one vLLM engine (median seconds; MB of fp32 weights)")
     # disk = commit + reload; coll. 1st: the first collective sync (it also opens the group)

@@ -15,10 +15,11 @@ every step when stats are on.
 
 Weights are reloaded in place with vLLM's `reload_weights` (no engine restart), from a checkpoint directory, from a
 state dict in memory (the trainer's gathered weights, through Ray's object store: no disk on the way), or bucket by
-bucket as trainer rank 0 broadcasts them to every worker (rstar2.run.weight_bus); then the CPU LM head is repacked, and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests
-arriving meanwhile are held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload
-comes between steps, so there are none), then the reload runs and the held requests are admitted. Draining rather
-than aborting means no request is lost or redone.
+bucket as trainer rank 0 broadcasts them to every worker (rstar2.run.weight_bus); then the CPU LM head is repacked,
+and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests arriving meanwhile are
+held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload comes between steps, so
+there are none), then the reload runs and the held requests are admitted. Draining rather than aborting means no
+request is lost or redone.
 
 Sampling is seeded per request when the caller gives a seed (the agent loop gives every trajectory-turn its own):
 a turn's tokens then do not depend on which engine runs it or what is batched beside it, so a scheduled rollout
