@@ -16,7 +16,7 @@ from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
 from rstar2.flows.rl_step import MODEL_META, StepAt, eval_due, rl_step, step_eval
 from rstar2.flows.stage_transition import StageStart
-from rstar2.tasks import costs, rl, track
+from rstar2.tasks import costs, publish, rl, track
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
@@ -74,10 +74,10 @@ def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) ->
         res["step_s"] = time.perf_counter() - since[0]
         step += 1
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})
-        with costs.prefect():  # the step's one artifact call
-            update_progress_artifact(progress, step / stage.steps * 100, _progress_line(stage, rows[-1]))
+        publish.later(update_progress_artifact, progress, step / stage.steps * 100, _progress_line(stage, rows[-1]))
         _, since = track.log_step(rows, global_step0, stage.name, (run_id, run.mlflow_run_id), since)
         decision = transition.decide(history(), step, stage.steps, stage.plateau)
+    publish.drain()  # the progress and trajectory artifacts before the stage's table
     if rows:
         create_table_artifact([{k: round(r[k], 4) if isinstance(r.get(k), float) else r.get(k) for k in
                                 ("step",) + TABLE} for r in rows], key=_key(stage, "metrics"),

@@ -18,7 +18,7 @@ from rstar2.training import mining
 from rstar2.run.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.run.layout import RunLayout, RunRef
 from rstar2.run.progress import bar
-from rstar2.tasks import costs
+from rstar2.tasks import costs, publish
 from rstar2.tasks.run import controller
 
 
@@ -212,10 +212,11 @@ def log_suites(run: RunRef, results: dict[str, dict], model: ModelRef, name: str
 @task(name="trajectory-samples", cache_policy=None)
 @costs.work
 def trajectory_samples(scored: dict, key: str, seed: int) -> str:
-    """A markdown artifact with a few of the step's trajectories: tool calls, tool output, answer, reward."""
+    """A markdown artifact with a few of the step's trajectories: tool calls, tool output, answer, reward; published
+    off the step's path (rstar2.tasks.publish). Returns its key."""
     text = report.trajectory_markdown(scored["uri"], 3, seed)
-    with costs.prefect():
-        return str(create_markdown_artifact(text, key=key, description="sampled trajectories of the step"))
+    publish.later(create_markdown_artifact, text, key=key, description="sampled trajectories of the step")
+    return key
 
 
 @task(name="mine-hard", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)

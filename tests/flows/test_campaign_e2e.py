@@ -135,7 +135,8 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
         step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-1"])))
         assert len(step) == 1 and step[0].state.is_completed(), "no rl-step task run recorded"
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[step[0].flow_run_id])))
-        keys = {a.key for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="stage")))}
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="stage")))
+    keys = {a.key for a in artifacts}
     nested = [r for r in runs if any(i.id == step[0].id for i in r.task_inputs.get("__parents__", []))]
     names = {r.id: r.name.rsplit("-", 1)[0] for r in nested}  # task run names are "<task>-<suffix>"
     assert set(names.values()) >= {"rollout", "score", "roc-filter", "grpo-update", "checkpoint"}
@@ -144,6 +145,10 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
     assert {("rollout", "score"), ("score", "sandbox-execution-stats"), ("score", "roc-filter"),
             ("roc-filter", "batch-metrics"), ("roc-filter", "grpo-update"), ("grpo-update", "checkpoint"),
             ("batch-metrics", "checkpoint"), ("score", "trajectory-samples")} <= edges
+    # published off the step's path (tasks/publish.py), still filed under the task run that made it
+    samples = {r.id for r in runs if r.name.startswith("trajectory-samples")}
+    mine = [a for a in artifacts if a.key == "stage1-short-trajectories" and a.flow_run_id == step[0].flow_run_id]
+    assert samples and {a.task_run_id for a in mine} == samples
     assert {"stage1-short-metrics", "stage1-short-progress", "stage1-short-trajectories", "stage1-short-mlflow",
             "stage3-hard-hard-set"} <= keys
 

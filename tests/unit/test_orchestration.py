@@ -62,3 +62,35 @@ def test_task_bodies_count_as_work_less_the_orchestration_calls_in_them():
     with pytest.raises(ZeroDivisionError):  # a failing body is counted too
         costs.work(lambda: 1 / 0)()
     assert costs.snapshot()["work"] > after["work"]
+
+
+def test_artifacts_are_published_in_order_off_the_path_in_the_callers_context(caplog):
+    """tasks/publish.py: calls run on one thread in the order handed over, each seeing the caller's context variables
+    (Prefect's run context: the artifact is filed under the run that made it); a failing call is logged, not raised."""
+    import contextvars
+    import threading
+
+    from rstar2.tasks import publish
+
+    who = contextvars.ContextVar("who", default="nobody")
+    seen, gate = [], threading.Event()
+
+    def record(i):
+        gate.wait(5)
+        seen.append((i, who.get(), threading.current_thread().name))
+
+    def broken():
+        raise RuntimeError("API down")
+
+    token = who.set("task-run-7")
+    try:
+        futures = [publish.later(record, i) for i in range(5)] + [publish.later(broken)]
+    finally:
+        who.reset(token)
+    assert seen == []  # the caller did not wait: the first call is still held at the gate
+    gate.set()
+    assert publish.drain(10) == 0
+    assert [i for i, _, _ in seen] == [0, 1, 2, 3, 4]
+    assert {w for _, w, _ in seen} == {"task-run-7"}
+    assert {t for _, _, t in seen} != {threading.current_thread().name}
+    assert futures[-1].result() is None and "API down" in caplog.text
