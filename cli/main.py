@@ -208,22 +208,27 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
              seeds: int = typer.Option(3, min=1, help="RL seeds per variant: each variant's spread over seeds, and "
                                                       "whether it differs from the first beyond that noise (seed "
                                                       "by seed for the tool-error rate among positives)"),
+             world_seeds: Optional[int] = typer.Option(None, min=1, help="worlds (seed, seed+1, ...), each with its "
+                                                                       "own SFT model shared by its variants, the "
+                                                                       "runs pooled (default 2; 1 with "
+                                                                       "--sft-checkpoint)"),
              last_steps: int = typer.Option(3, min=1, help="training figures at the end of RL: each seed's mean "
                                                            "over its last N steps"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
-    """Compare RL recipes from one shared SFT model (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
+    """Compare RL recipes from shared SFT models (GRPO-RoC vs plain GRPO, ...); plots and figures in MLflow."""
     env.apply()
     _check_preset(preset, set_)
     from rstar2.run import ablations
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     try:
         [ablations.overrides(v) for v in chosen]
-    except ValueError as e:
+        from rstar2.flows.ablation import AblationParams, ablation as ablation_flow
+        params = AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
+                                sft_checkpoint=sft_checkpoint, seeds=seeds, world_seeds=world_seeds,
+                                last_steps=last_steps)
+    except ValueError as e:  # pydantic's ValidationError is one
         fail(e)
-    from rstar2.flows.ablation import AblationParams, ablation as ablation_flow
-
-    res = ablation_flow(AblationParams(preset=preset, variants=chosen, overrides=set_, name=name,
-                                       sft_checkpoint=sft_checkpoint, seeds=seeds, last_steps=last_steps))
+    res = ablation_flow(params)
     for t in tables.ablation_tables(res, name, preset):
         console.print(t)
     steps = Table(title="per step (train batch): reward, pass@1, tool-error rate among positives, response length")

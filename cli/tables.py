@@ -111,8 +111,10 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
     from rstar2.evaluation.report import last_steps_rows
 
     iv = lambda ci, f="+.3f": "-" if ci is None else f"({ci[0]:{f}}, {ci[1]:{f}})"  # noqa: E731
-    table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {res['seeds']} RL seed(s) "
-                               f"per variant: mean [min, max] (95 % interval over seeds)"))
+    worlds = len(res.get("world_seeds", [])) or 1
+    runs = f"{res['seeds']} RL seed(s)" + (f" x {worlds} worlds (SFT models)" if worlds > 1 else "")
+    table = Table(title=escape(f"rstar2 ablation '{name}' on '{preset}': held-out pass@1, {runs} per variant: mean "
+                               f"[min, max] (95 % interval over runs)"))
     for col in ("variant", "SFT", "after RL", "gain", "± se (eval)", "steps", "wall s"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for r in res["variants"]:

@@ -159,6 +159,26 @@ def world_aggregate(worlds: dict[int, dict]) -> dict:
             "pass1_gain_by_world": {str(w): summ["pass1_gain"] for w, summ in sorted(worlds.items())}}
 
 
+def pool_worlds(worlds: dict[int, dict]) -> dict:
+    """One variant's campaign summaries over world seeds (`worlds`: world seed -> seed_aggregate's keys) as one
+    summary of the same keys over all its K x N runs, world by world, each run's gain from its own world's SFT model.
+    pass1_sft is the worlds' mean. Run i of two variants pooled over the same worlds and RL seeds starts from the
+    same SFT model with the same rl_seed, so the ablation's paired statistics stay paired."""
+    runs = [{**s, "world_seed": w} for w, summ in sorted(worlds.items()) for s in summ["by_seed"]]
+    rl, gains = [float(r["pass1"]) for r in runs], [float(r["pass1_gain"]) for r in runs]
+    over_rl, gain = stats.seed_summary(rl), stats.seed_summary(gains)
+    return {"seeds": len(runs), "rl_seeds": [r["rl_seed"] for r in runs], "world_seeds": sorted(worlds),
+            "pass1_sft": float(np.mean([summ["pass1_sft"] for summ in worlds.values()])),
+            "pass1_sft_by_world": {str(w): summ["pass1_sft"] for w, summ in sorted(worlds.items())},
+            "pass1_rl": over_rl["mean"], "pass1_rl_by_seed": rl, "pass1_rl_min": over_rl["min"],
+            "pass1_rl_max": over_rl["max"], "pass1_rl_ci95": over_rl["ci95"],
+            "pass1_se": float(np.mean([r["pass1_se"] for r in runs])),
+            "pass1_gain": gain["mean"], "pass1_gain_mean": gain["mean"], "pass1_gain_min": gain["min"],
+            "pass1_gain_max": gain["max"], "pass1_gain_ci95": gain["ci95"], "by_seed": runs,
+            "steps": max(summ["steps"] for summ in worlds.values()),
+            "wall_s": float(sum(summ["wall_s"] for summ in worlds.values()))}
+
+
 def ablation_summary(results: dict[str, dict]) -> dict:
     """An ablation's figures from its variants' campaign summaries (seed_aggregate's keys): per variant the mean,
     min, max and 95 % interval over seeds of held-out pass@1 after RL and of the gain; and every variant against the

@@ -21,15 +21,16 @@ def recorder(out, calls: list):
         cfg = config.load(params.preset, params.overrides)
         exp = tracking.setup(cfg.experiment, cfg.out_dir)
         parent = tracking.create_run(exp, params.run_name, tags={"kind": "campaign", "ablation": cfg.ablation})
-        by_seed = []
-        for s, v in enumerate(RECORDED[cfg.ablation]):
+        by_seed, shift = [], -0.1 * cfg.seed  # world seed w: every pass@1 0.1 w lower, its SFT model's as well
+        sft = {k: v + shift for k, v in SFT.items() if k != "pass1_se"} | {"pass1_se": SFT["pass1_se"]}
+        for s, v in enumerate(v + shift for v in RECORDED[cfg.ablation]):
             seed_run = tracking.create_run(exp, f"seed-{s}", parent, {"kind": "seed", "rl_seed": str(s)})
             stage_run = tracking.create_run(exp, "stage-stage1", seed_run)
             tracking.log_metrics(stage_run, {"reward_mean": v / 2, "tool_error_rate_pos": 1 - v}, 1)
             by_seed.append({"rl_seed": s, "mlflow_run_id": seed_run, "steps": 1, "pass1": v, "pass1_se": 0.02,
                             "pass_at_1": v, "pass_at_2": v + 0.1})
         calls.append(params)
-        return {**report.seed_aggregate(SFT, by_seed), "run_dir": str(out / params.run_name), "steps": 1,
+        return {**report.seed_aggregate(sft, by_seed), "run_dir": str(out / params.run_name), "steps": 1,
                 "wall_s": 5.0}
     return recorded_campaign
 
@@ -41,7 +42,7 @@ def test_the_ablation_reports_each_variant_over_seeds_against_the_first(tmp_path
     calls = []
     monkeypatch.setattr(flow, "campaign", recorder(out, calls))
     res = flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], overrides=[f"out_dir={out}"],
-                                            name="abl", seeds=3))
+                                            name="abl", seeds=3, world_seeds=1))
     assert [p.seeds for p in calls] == [3, 3] and calls[1].sft_checkpoint == str(out / "abl-roc" / "sft")
     roc, plain = res["variants"]
     assert (roc["pass1_rl"], roc["pass1_rl_min"], roc["pass1_rl_max"], roc["gain"]) == (0.5, 0.45, 0.55, 0.1)
@@ -74,6 +75,31 @@ def test_with_sft_off_no_variant_is_handed_a_sft_model_that_does_not_exist(tmp_p
 
     out, calls = tmp_path / "runs", []
     monkeypatch.setattr(flow, "campaign", recorder(out, calls))
-    flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], name="off",
+    flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], name="off", world_seeds=1,
                                       overrides=[f"out_dir={out}", "sft.enabled=false"]))
     assert [p.sft_checkpoint for p in calls] == [None, None]
+
+
+def test_over_two_worlds_each_world_shares_its_own_sft_model_and_the_runs_are_pooled_pair_by_pair(tmp_path, monkeypatch):
+    """The default ablation: 2 worlds (seed 0, 1), each variant's 3 seeds per world, 6 runs a variant; run i of
+    every variant comes from one world's SFT model and one rl_seed, so the paired tool-error ratio has 6 pairs."""
+    from rstar2.flows import ablation as flow
+
+    out, calls = tmp_path / "runs", []
+    monkeypatch.setattr(flow, "campaign", recorder(out, calls))
+    res = flow.ablation(flow.AblationParams(preset="tiny", variants=["roc", "plain-grpo"], name="w",
+                                            overrides=[f"out_dir={out}"]))
+    assert [(p.run_name, p.sft_checkpoint) for p in calls] == [
+        ("w-world-0-roc", None), ("w-world-0-plain-grpo", str(out / "w-world-0-roc" / "sft")),
+        ("w-world-1-roc", None), ("w-world-1-plain-grpo", str(out / "w-world-1-roc" / "sft"))]
+    assert ["seed=1" in p.overrides for p in calls] == [False, False, True, True]
+    roc, plain = res["variants"]
+    # roc: world 0 gains 0.10, 0.15, 0.05 from SFT 0.40; world 1 the same from its SFT 0.30
+    assert roc["seeds"] == 6 and roc["pass1_sft"] == pytest.approx(0.35) and roc["gain"] == pytest.approx(0.1)
+    assert (roc["pass1_rl_min"], roc["pass1_rl_max"]) == (pytest.approx(0.35), pytest.approx(0.55))
+    # tool-error rate 1 - pass@1: roc/plain per pair 0.5/0.7, 0.45/0.69, 0.55/0.71, then 0.6/0.8, 0.55/0.79, 0.65/0.81
+    ter = res["last_steps"]["vs_baseline"]["plain-grpo"]["tool_error_rate_pos"]
+    assert ter["paired_ratio"]["higher"] is True and res["world_seeds"] == [0, 1]
+    assert res["last_steps"]["variants"]["roc"]["tool_error_rate_pos"]["by_seed"] == pytest.approx(
+        [0.5, 0.45, 0.55, 0.6, 0.55, 0.65])
+

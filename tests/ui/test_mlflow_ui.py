@@ -31,7 +31,8 @@ def _api(url: str, endpoint: str, **query) -> dict:
 def mlflow_ui(tmp_path_factory, free_port):
     out = tmp_path_factory.mktemp("runs")
     sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
-    subprocess.run([sys.executable, "-m", "rstar2.cli.main", "ablation", "--preset", "tiny", "--name", "abl", "--seeds", "1", *sets],
+    subprocess.run([sys.executable, "-m", "rstar2.cli.main", "ablation", "--preset", "tiny", "--name", "abl", "--seeds", "1",
+                    "--world-seeds", "1", *sets],
                    cwd=ROOT, check=True, timeout=1800)
     port = free_port()
     proc = services.start_mlflow(port, out, out / "mlflow-server.log")
