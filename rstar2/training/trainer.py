@@ -7,8 +7,8 @@ One RL step (paper §2.2.3):
   2. `mini_batches` optimizer steps (paper: 1, strictly on-policy), each accumulating gradients over micro-batches of
      at most `micro_batch_tokens` tokens (rstar2/training/batching.py: no compute on padding, LM head on loss tokens
      only);
-  3. grad-clip 1.0, AdamW with a linear warm-up then a constant lr (paper: 1e-6, 20 steps), or a cosine decay
-     over the stage (`decay_steps`: the tiny preset, see its comment).
+  3. the gradient clipped to norm `grad_clip` (1.0), AdamW with a linear warm-up then a constant lr (paper: 1e-6,
+     20 steps), or then a cosine decay over `decay_steps` (the tiny preset's, see its comment).
 
 Old log-probs. "recompute" (default, as verl): the trainer's own log-probs under the pre-update weights. With one
 optimizer step per RL step they are the log-probs of the gradient forward itself (same weights, same micro-batch), so
