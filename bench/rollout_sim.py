@@ -466,14 +466,43 @@ def simulate(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: Schedul
     return _Sim(wl, hw, engines, policy, cfg, estimator).run()
 
 
+@dataclass(frozen=True)
+class Quota:
+    """A rollout that ends once `groups` of its groups are complete (a partial rollout): `of[tid]` is the group
+    trajectory tid counts toward; a group is complete when all its trajectories in the workload have ended."""
+    of: np.ndarray
+    groups: int
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Where a trajectory stood when a partial rollout ended: turns completed, the response tokens they hold (tool
+    outputs included), and the tokens of its current turn decoded so far."""
+    tid: int
+    turn: int
+    response: int
+    decoded: int
+
+
+def simulate_until(wl: Workload, hw: Hardware, engines: int, policy: str, cfg: SchedulerCfg, quota: Quota,
+                   estimator: LengthEstimator | None = None) -> tuple[SimResult, list[Unfinished], list[int]]:
+    """`simulate` that stops when `quota` is met: its result (makespan: the stop), the trajectories still running
+    or waiting then, and the ones that ended. A trajectory waiting on a tool counts its tool call as done."""
+    sim = _Sim(wl, hw, engines, policy, cfg, estimator, quota)
+    res = sim.run()
+    return res, sim.unfinished(), sim.ended
+
+
 class _Sim:
     """The event loop of `simulate`: engine events (a turn ends, KV runs out) and tool replies, in time order."""
 
     ENGINE, TOOL_BACK = 0, 1
 
     def __init__(self, wl: Workload, hw: Hardware, engines: int, policy: str, cfg: SchedulerCfg,
-                 estimator: LengthEstimator | None):
-        self.wl, self.hw, self.policy = wl, hw, policy
+                 estimator: LengthEstimator | None, quota: Quota | None = None):
+        self.wl, self.hw, self.policy, self.quota = wl, hw, policy, quota
+        self.left = {} if quota is None else dict(zip(*np.unique(quota.of, return_counts=True)))  # group -> running
+        self.complete, self.stop_t, self.ended = 0, None, []
         self.session = SchedulerSession(Scheduler([hw.capacity] * engines, cfg, SIM_POLICIES[policy], estimator))
         n = len(wl.group)
         resp_total = wl.response_len
@@ -522,7 +551,7 @@ class _Sim:
 
     def run(self) -> SimResult:
         self.start(0.0)
-        while self.events:
+        while self.events and self.stop_t is None:
             t, _, kind, a, b = heapq.heappop(self.events)
             if kind == self.ENGINE:
                 if b == self.version[a]:
@@ -545,12 +574,47 @@ class _Sim:
                                    (en.usage, en.preemptions))
             if last:
                 self.done_times.append(t)
+                self._ended(tid, t)
             else:
                 self.push(t + wl.tool_s[tid][j], self.TOOL_BACK, tid, e)
         en.admit()
         self.plan(e)
         if ended:
             self.start(t)
+
+    def _ended(self, tid: int, t: float) -> None:
+        self.ended.append(tid)
+        if self.quota is None:
+            return
+        g = self.quota.of[tid]
+        self.left[g] -= 1
+        if not self.left[g]:
+            self.complete += 1
+            if self.complete >= self.quota.groups:
+                self.stop_t = t
+
+    def unfinished(self) -> list[Unfinished]:
+        """After a stop: every trajectory not ended, with its progress (see Unfinished)."""
+        running = {tid: (e, sq) for e, en in enumerate(self.eng) for tid, sq in en.running.items()}
+        waiting = {r.tid: r for en in self.eng for r in en.waiting}
+        on_tool = {a for _, _, kind, a, _ in self.events if kind == self.TOOL_BACK}
+        ended, out = set(self.ended), []
+        for tid in range(len(self.wl.group)):
+            if tid in ended:
+                continue
+            j, resp = int(self.turn[tid]), int(self.resp[tid])
+            if tid in running:
+                e, sq = running[tid]
+                decoded = self.wl.decode[tid][j] - max(0, sq.end - self.eng[e].step)
+            elif tid in waiting:
+                decoded = self.wl.decode[tid][j] - waiting[tid].decode
+            elif tid in on_tool:
+                resp += self.wl.decode[tid][j] + self.wl.tool_out[tid][j]  # its turn and tool call are done
+                j, decoded = j + 1, 0
+            else:
+                decoded = 0  # not started
+            out.append(Unfinished(tid, j, resp, int(decoded)))
+        return out
 
     def tool_back(self, t: float, tid: int, e: int) -> None:
         """A tool result is back: the trajectory's next turn goes to its engine (sticky)."""
@@ -565,12 +629,13 @@ class _Sim:
                                 wl.decode[tid][j + 1], self.session.priority(tid)), t)
 
     def result(self) -> SimResult:
-        if not self.session.done:
+        if not self.session.done and self.stop_t is None:
             raise RuntimeError("simulation ended with unfinished trajectories (a scheduler or engine model bug)")
         eng, engines = self.eng, len(self.eng)
-        makespan = max(self.done_times)
-        busy = [en.busy_s for en in eng]
-        summ = self.session.finish()
+        makespan = max(self.done_times) if self.stop_t is None else self.stop_t
+        # an engine still decoding at the stop was busy up to it
+        busy = [en.busy_s + (max(0.0, makespan - en.clock) if en.running else 0.0) for en in eng]
+        summ = self.session.finish() if self.stop_t is None else {"queue_wait_mean_s": 0.0}
         return SimResult(self.policy, makespan, makespan - float(np.quantile(self.done_times, 0.95)),
                          1 - sum(busy) / (engines * makespan), sum(en.decoded for en in eng),
                          sum(en.recomputed for en in eng), sum(en.preemptions for en in eng),

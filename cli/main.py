@@ -483,6 +483,7 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
 
 
 from rstar2.bench import sandbox as bench_sandbox  # noqa: E402
+from rstar2.bench import step_sim as bench_step  # noqa: E402
 from rstar2.bench import sync as bench_sync  # noqa: E402
 from rstar2.cli.sandbox import app as sandbox_app  # noqa: E402
 
@@ -500,6 +501,7 @@ def _bench_env() -> None:
 
 bench_app.command("sandbox")(bench_sandbox.main)
 bench_app.command("sync")(bench_sync.command)
+bench_app.command("step")(bench_step.command)
 bench_app.command("trainer")(bench_trainer.command)  # light import: torch/TRL load in the bench's workers
 
 
