@@ -46,6 +46,9 @@ class EngineClient(Protocol):
         """The engine's stats: kv_usage (fraction of KV blocks in use), preemptions (cumulative), steps (engine
         iterations so far: its progress)."""
 
+    def flush(self) -> None:
+        """Send what was submitted since the last flush (a client may batch its turns until then)."""
+
 
 class EngineSet(NamedTuple):
     """The engines a rollout runs on: a client each and its KV capacity in tokens."""
@@ -181,6 +184,8 @@ class AgentLoop:
         with ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rollout-tool") as self.pool:
             while not self.session.done:
                 self._place()
+                for c in self.clients:  # the turns placed now and those the last events sent on
+                    c.flush()
                 self._probe_all()
                 if not self.tools_out and not any(w.inflight for w in self.watch):
                     raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")

@@ -37,89 +37,88 @@ def init() -> None:
 class EngineClient:
     """One engine actor as the agent loop (rstar2.rollout.agent_loop) sees it: `submit` one trajectory-turn, `probe` its
     stats; both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine
-    at once.
+    at once. The client has no thread of its own.
 
-    Turns travel in batches both ways: a sender thread sends whatever was submitted since its last call in one
-    `add_turns` call, and while turns are out a collector thread keeps one `collect` in flight (a long poll that
-    returns every turn finished since the one before; the actor keeps each client's turns apart). A Ray call costs
-    ~0.8 ms of the driver's CPU and ~2 ms of the engine process's on this machine (the rollout bench's replay
-    reference put the agent loop's own CPU at ~30 % of its throughput), and at the paper's scale one driver sends
-    ~16K trajectories x turns per step. Both threads end after IDLE_EXIT_S without work (a client per RL step leaves
-    none behind); the next submit starts them again."""
+    Turns travel in batches both ways: `flush`, called by the agent loop after it has placed what it can, sends every
+    turn submitted since in one `add_turns` call; and while turns are out one `collect` stays in flight (a long poll
+    that returns every turn finished since the one before; the actor keeps each client's turns apart), the next one
+    sent from the completion of the last (Ray's callback). A Ray call costs ~0.8 ms of the driver's CPU and ~2 ms of
+    the engine process's on this machine, and at the paper's scale one driver sends ~16K trajectories x turns per
+    step."""
 
-    IDLE_EXIT_S = 2.0
-    POLL_S = 1.0  # a collect returns after this long even with nothing finished (the collector then re-checks)
+    POLL_S = 1.0  # a collect returns after this long even with nothing finished (the next one then goes out)
 
     def __init__(self, handle, temperature: float, top_p: float, block_size: int = 1, logprobs: bool = False):
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
         self.logprobs = logprobs  # every turn also returns the engine's log-prob of each sampled token
         self.block_size = block_size  # vLLM's KV block in tokens: the scheduler counts KV in whole blocks
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
         self._outgoing: list[tuple] = []  # (key, prompt, max_tokens, seed, priority), not sent yet
         self._pending: dict[int, Future] = {}  # sent or about to be, not back yet
         self._keys = itertools.count()
-        self._threads: dict[str, threading.Thread | None] = {"send": None, "collect": None}
+        self._collecting = False  # a collect is in flight
         self._id = uuid.uuid4().hex  # the actor keeps each client's finished turns apart
 
     def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
+        """Queue one turn; it goes out with the next `flush`."""
         fut: Future = Future()
-        with self._cv:
+        with self._lock:
             key = next(self._keys)
             self._pending[key] = fut
             self._outgoing.append((key, prompt, max_tokens, seed, priority))
-            for name, loop in (("send", self._send_loop), ("collect", self._collect_loop)):
-                if self._threads[name] is None:
-                    self._threads[name] = threading.Thread(target=loop, name=f"engine-client-{name}", daemon=True)
-                    self._threads[name].start()
-            self._cv.notify_all()
         return fut
 
-    def probe(self):
-        return self.handle.stats.remote().future()
-
-    def _idle(self, name: str, has_work) -> bool:
-        """Wait (holding the lock) for work; False when none came for IDLE_EXIT_S: the thread is then unregistered
-        and must return."""
-        while not has_work():
-            if not self._cv.wait(self.IDLE_EXIT_S) and not has_work():
-                self._threads[name] = None
-                return False
-        return True
-
-    def _send_loop(self) -> None:
-        while True:
-            with self._cv:
-                if not self._idle("send", lambda: self._outgoing):
-                    return
-                batch, self._outgoing = self._outgoing, []
+    def flush(self) -> None:
+        """Send the turns submitted since the last flush in one call, and keep a collect in flight for them."""
+        with self._lock:
+            batch, self._outgoing = self._outgoing, []
+        if batch:
             keys = [t[0] for t in batch]
             try:
                 ref = self.handle.add_turns.remote(self._id, batch, self.temperature, self.top_p, self.logprobs)
             except Exception as err:  # noqa: BLE001 - the actor is gone: its turns fail, the caller requeues
                 self._resolve([(k, None, repr(err), None, None) for k in keys])
-                continue
-            ref.future().add_done_callback(lambda f, keys=keys: self._sent(f, keys))
+            else:
+                ref.future().add_done_callback(lambda f, keys=keys: self._sent(f, keys))
+        self._collect()
+
+    def probe(self):
+        return self.handle.stats.remote().future()
 
     def _sent(self, fut: Future, keys: list[int]) -> None:
         """`add_turns` answered: if it failed, so did its turns."""
         if fut.exception() is not None:
             self._resolve([(k, None, repr(fut.exception()), None, None) for k in keys])
 
-    def _collect_loop(self) -> None:
-        while True:
-            with self._cv:
-                if not self._idle("collect", lambda: self._pending):
-                    return
-            try:
-                done = ray.get(self.handle.collect.remote(self._id, self.POLL_S))
-            except Exception as err:  # noqa: BLE001 - a dead actor: every turn out there fails
-                with self._cv:
-                    keys = list(self._pending)
-                done = [(k, None, repr(err), None, None) for k in keys]
-            self._resolve(done)
+    def _collect(self) -> None:
+        """One collect in flight while turns are out (none when none are)."""
+        with self._lock:
+            if self._collecting or not self._pending:
+                return
+            self._collecting = True
+        try:
+            ref = self.handle.collect.remote(self._id, self.POLL_S)
+        except Exception as err:  # noqa: BLE001 - a dead actor: every turn out there fails
+            self._collected_with([], err)
+            return
+        ref.future().add_done_callback(self._collected)
+
+    def _collected(self, fut: Future) -> None:
+        err = fut.exception()
+        self._collected_with([] if err is not None else fut.result(), err)
+
+    def _collected_with(self, done: list[tuple], err: BaseException | None) -> None:
+        if err is not None:
+            with self._lock:
+                keys = list(self._pending)
+            done = [(k, None, repr(err), None, None) for k in keys]
+        self._resolve(done)
+        with self._lock:
+            self._collecting = False
+        self._collect()
 
     def _resolve(self, done: list[tuple]) -> None:
-        with self._cv:
+        with self._lock:
             futs = [(self._pending.pop(key, None), rest) for key, *rest in done]
         for fut, (ids, finish, stats, logprobs) in futs:
             if fut is None or fut.done():

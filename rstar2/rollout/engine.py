@@ -487,6 +487,9 @@ class LocalClient:
         fut.set_result(self.engine.stats())
         return fut
 
+    def flush(self) -> None:
+        """Nothing to send: `submit` hands each turn to the engine's loop at once."""
+
 
 class EngineActor(VLLMEngine):
     """The Ray actor: async methods, so the actor's event loop holds any number of waiting turns at once while the

@@ -36,8 +36,10 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         client = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
         prompts = [tok(f"Compute {i} * 7.")["input_ids"] for i in range(100, 112)]
         long = [client.submit(p, 400) for p in prompts[:4]]
+        client.flush()
         time.sleep(0.5)
         short = [client.submit(p, 4) for p in prompts[4:8]]  # arrive while the long ones generate
+        client.flush()
         for f in short:
             ids, finish, stats, _ = f.result(timeout=120)
             assert 1 <= len(ids) <= 4 and set(stats) >= {"kv_usage", "preemptions", "steps"}
@@ -48,6 +50,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         # a reload while turns are in flight: they drain, later ones wait, nothing is lost
         reload = actor.load_weights.remote(str(moved))
         later = [client.submit(p, 8) for p in prompts[8:]]
+        client.flush()
         took = ray.get(reload, timeout=300)
         assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
         outs = [f.result(timeout=120) for f in long + later]
@@ -63,18 +66,29 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         # two clients of one actor each get their own turns back
         other = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
         mine, theirs = [client.submit(p, 6) for p in prompts[:6]], [other.submit(p, 6) for p in prompts[6:]]
+        client.flush()
+        other.flush()
         assert all(len(f.result(timeout=120)[0]) >= 1 for f in mine + theirs)
         assert not client._pending and not other._pending
         # a client that asks for log-probs gets the engine's log-prob of every sampled token back with the turn
-        ids, _, _, logprobs = cluster.EngineClient(actor, 1.0, 1.0, logprobs=True).submit(prompts[0], 6).result(120)
+        with_lp = cluster.EngineClient(actor, 1.0, 1.0, logprobs=True)
+        asked = with_lp.submit(prompts[0], 6)
+        with_lp.flush()
+        ids, _, _, logprobs = asked.result(120)
         assert len(logprobs) == len(ids) >= 1 and all(lp <= 0 for lp in logprobs)
 
-        # the client's threads leave once idle, come back with the next turn, and a killed actor fails its turns
-        time.sleep(client.IDLE_EXIT_S + 1.5)
-        assert client._threads == {"send": None, "collect": None}
-        assert len(client.submit(prompts[0], 3).result(timeout=60)[0]) >= 1
+        # the client keeps no collect in flight once its turns are back, sends a turn only with a flush, and a
+        # killed actor fails its turns
+        time.sleep(client.POLL_S + 0.5)
+        assert not client._collecting
+        queued = client.submit(prompts[0], 3)
+        time.sleep(1.0)
+        assert not queued.done()  # not sent yet
+        client.flush()
+        assert len(queued.result(timeout=60)[0]) >= 1
         ray.kill(actor)
         doomed = client.submit(prompts[1], 400)
+        client.flush()
         with pytest.raises(RuntimeError, match="engine turn failed"):
             doomed.result(timeout=60)
     finally:

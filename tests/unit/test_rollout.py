@@ -154,6 +154,9 @@ class FakeEngine:
         f.set_result(self.stats())
         return f
 
+    def flush(self):
+        pass  # every turn went out with its submit
+
 
 def run_sched(chat, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
               on_done=None, **limits):
