@@ -39,14 +39,16 @@ class EngineClient:
     stats; both return concurrent futures, so the agent loop waits on turns, tool calls and probes of every engine
     at once. The client has no thread of its own.
 
-    Turns travel in batches both ways: `flush`, called by the agent loop after it has placed what it can, sends every
-    turn submitted since in one `add_turns` call; and while turns are out one `collect` stays in flight (a long poll
-    that returns every turn finished since the one before; the actor keeps each client's turns apart), the next one
-    sent from the completion of the last (Ray's callback). A Ray call costs ~0.8 ms of the driver's CPU and ~2 ms of
-    the engine process's on this machine, and at the paper's scale one driver sends ~16K trajectories x turns per
-    step."""
+    Turns travel in batches both ways, and the caller's thread pumps both (the agent loop calls `flush` on every
+    pass): `flush` sends every turn submitted since the last one in one `add_turns` call, and, while turns are out,
+    sends a `collect` unless one is in flight: a long poll that returns as soon as turns have finished, with every
+    turn finished since the one before (the actor keeps each client's turns apart). Its answer resolves the turns'
+    futures, which wakes the agent loop, whose next pass sends the next collect. No Ray call is made from Ray's
+    completion callbacks (they run on Ray's own I/O thread, which a call made there can block). A Ray call costs
+    ~0.8 ms of the driver's CPU and ~2 ms of the engine process's on this machine, and at the paper's scale one
+    driver sends ~16K trajectories x turns per step."""
 
-    POLL_S = 1.0  # a collect returns after this long even with nothing finished (the next one then goes out)
+    POLL_S = 30.0  # a collect with nothing finished returns after this long (the next pass sends another)
 
     def __init__(self, handle, temperature: float, top_p: float, block_size: int = 1, logprobs: bool = False):
         self.handle, self.temperature, self.top_p = handle, temperature, top_p
@@ -91,7 +93,7 @@ class EngineClient:
             self._resolve([(k, None, repr(fut.exception()), None, None) for k in keys])
 
     def _collect(self) -> None:
-        """One collect in flight while turns are out (none when none are)."""
+        """A collect in flight while turns are out, at most one (none when none are)."""
         with self._lock:
             if self._collecting or not self._pending:
                 return
@@ -108,14 +110,14 @@ class EngineClient:
         self._collected_with([] if err is not None else fut.result(), err)
 
     def _collected_with(self, done: list[tuple], err: BaseException | None) -> None:
+        """A collect's answer (or its failure: every turn out there fails); the next flush sends the next one."""
         if err is not None:
             with self._lock:
                 keys = list(self._pending)
             done = [(k, None, repr(err), None, None) for k in keys]
-        self._resolve(done)
         with self._lock:
             self._collecting = False
-        self._collect()
+        self._resolve(done)
 
     def _resolve(self, done: list[tuple]) -> None:
         with self._lock:

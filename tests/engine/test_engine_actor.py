@@ -3,6 +3,7 @@
 KV stats come from vLLM, a weight reload issued while turns are in flight pauses admission, drains them, and loses none,
 and a killed actor fails the turns it had."""
 
+import threading
 import time
 
 import pytest
@@ -17,6 +18,19 @@ from rstar2.rollout.engine import EngineActor, EngineSpec
 from rstar2.world import build
 
 pytestmark = pytest.mark.e2e
+
+
+def _pumped(clients, futures, timeout=120):
+    """Wait for `futures` while flushing `clients` as the agent loop does on every pass (the client has no thread)."""
+    from concurrent.futures import wait
+
+    end = time.monotonic() + timeout
+    while not all(f.done() for f in futures):
+        assert time.monotonic() < end, "turns did not come back"
+        for c in clients:
+            c.flush()
+        wait(futures, timeout=0.1)
+    return [f.result() for f in futures]
 
 
 def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
@@ -39,9 +53,7 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         client.flush()
         time.sleep(0.5)
         short = [client.submit(p, 4) for p in prompts[4:8]]  # arrive while the long ones generate
-        client.flush()
-        for f in short:
-            ids, finish, stats, _ = f.result(timeout=120)
+        for ids, finish, stats, _ in _pumped([client], short):
             assert 1 <= len(ids) <= 4 and set(stats) >= {"kv_usage", "preemptions", "steps"}
         assert sum(f.done() for f in long) < 4  # the short turns did not wait for the long ones
         probe = client.probe().result(timeout=60)
@@ -50,10 +62,16 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         # a reload while turns are in flight: they drain, later ones wait, nothing is lost
         reload = actor.load_weights.remote(str(moved))
         later = [client.submit(p, 8) for p in prompts[8:]]
-        client.flush()
-        took = ray.get(reload, timeout=300)
-        assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
-        outs = [f.result(timeout=120) for f in long + later]
+        stop = threading.Event()
+        pump = threading.Thread(target=lambda: [client.flush() for _ in iter(lambda: stop.wait(0.05), True)])
+        pump.start()  # the agent loop's passes, while this thread waits for the reload
+        try:
+            took = ray.get(reload, timeout=300)
+            assert took >= 0 and all(f.done() for f in long)  # drained before the reload returned
+        finally:
+            stop.set()
+            pump.join()
+        outs = _pumped([client], long + later)
         assert all(len(ids) >= 1 for ids, *_ in outs)
         assert ray.get(actor.info.remote())["weights"] == str(moved)
         # the reloaded weights are the ones sampling now: greedy equals a fresh engine on them
@@ -66,26 +84,20 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         # two clients of one actor each get their own turns back
         other = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
         mine, theirs = [client.submit(p, 6) for p in prompts[:6]], [other.submit(p, 6) for p in prompts[6:]]
-        client.flush()
-        other.flush()
-        assert all(len(f.result(timeout=120)[0]) >= 1 for f in mine + theirs)
+        assert all(len(ids) >= 1 for ids, *_ in _pumped([client, other], mine + theirs))
         assert not client._pending and not other._pending
         # a client that asks for log-probs gets the engine's log-prob of every sampled token back with the turn
         with_lp = cluster.EngineClient(actor, 1.0, 1.0, logprobs=True)
-        asked = with_lp.submit(prompts[0], 6)
-        with_lp.flush()
-        ids, _, _, logprobs = asked.result(120)
+        [(ids, _, _, logprobs)] = _pumped([with_lp], [with_lp.submit(prompts[0], 6)])
         assert len(logprobs) == len(ids) >= 1 and all(lp <= 0 for lp in logprobs)
 
         # the client keeps no collect in flight once its turns are back, sends a turn only with a flush, and a
         # killed actor fails its turns
-        time.sleep(client.POLL_S + 0.5)
-        assert not client._collecting
+        assert not client._collecting and not client._pending
         queued = client.submit(prompts[0], 3)
         time.sleep(1.0)
         assert not queued.done()  # not sent yet
-        client.flush()
-        assert len(queued.result(timeout=60)[0]) >= 1
+        assert len(_pumped([client], [queued])[0][0]) >= 1
         ray.kill(actor)
         doomed = client.submit(prompts[1], 400)
         client.flush()
