@@ -220,6 +220,8 @@ def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YA
     _check_preset(preset, set_)
     from rstar2.run import ablations
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    if sft_checkpoint and (world_seeds or 1) > 1:
+        fail("--world-seeds trains one SFT model per world; drop --sft-checkpoint")
     try:
         [ablations.overrides(v) for v in chosen]
         from rstar2.flows.ablation import AblationParams, ablation as ablation_flow
