@@ -121,21 +121,25 @@ def seed_aggregate(sft: dict, by_seed: list[dict]) -> dict:
     each with rl_seed, pass1, pass1_se, pass_at_{k}), all on the same split. Gain of seed s: pass1_s - pass1_sft
     (the SFT model is shared, so the spread over seeds is the RL's); its mean, min, max and 95 % interval over seeds
     (stats.seed_summary). pass1_se is the mean of the seeds' standard errors (the noise of one evaluation)."""
-    rl = [float(s["pass1"]) for s in by_seed]
-    gain = stats.seed_summary([v - sft["pass1"] for v in rl])
-    over_rl = stats.seed_summary(rl)
+    runs = [{**s, "pass1_gain": s["pass1"] - sft["pass1"]} for s in by_seed]
     ks = sorted(int(k.removeprefix("pass_at_")) for k in sft if k.startswith("pass_at_"))
-    return {"seeds": len(by_seed), "rl_seeds": [s["rl_seed"] for s in by_seed],
-            "pass1_sft": sft["pass1"], "pass1_sft_se": sft["pass1_se"],
-            "pass1_rl": over_rl["mean"], "pass1_rl_by_seed": rl, "pass1_rl_min": over_rl["min"],
-            "pass1_rl_max": over_rl["max"], "pass1_rl_ci95": over_rl["ci95"],
-            "pass1_se": float(np.mean([s["pass1_se"] for s in by_seed])),
-            "pass1_gain": gain["mean"], "pass1_gain_mean": gain["mean"], "pass1_gain_min": gain["min"],
-            "pass1_gain_max": gain["max"], "pass1_gain_ci95": gain["ci95"],
+    return {**_over_runs(runs), "pass1_sft": sft["pass1"], "pass1_sft_se": sft["pass1_se"],
             **{f"pass_at_{k}_sft": sft[f"pass_at_{k}"] for k in ks},
             **{f"pass_at_{k}_rl": float(np.mean([s[f"pass_at_{k}"] for s in by_seed])) for k in ks
-               if all(f"pass_at_{k}" in s for s in by_seed)},
-            "by_seed": [{**s, "pass1_gain": s["pass1"] - sft["pass1"]} for s in by_seed]}
+               if all(f"pass_at_{k}" in s for s in by_seed)}}
+
+
+def _over_runs(runs: list[dict]) -> dict:
+    """pass@1 after RL and the gain over runs (each with pass1, pass1_gain, pass1_se, rl_seed): mean, min, max and
+    95 % interval (stats.seed_summary); pass1_se is the mean of the runs' standard errors."""
+    rl = [float(r["pass1"]) for r in runs]
+    over_rl, gain = stats.seed_summary(rl), stats.seed_summary([float(r["pass1_gain"]) for r in runs])
+    return {"seeds": len(runs), "rl_seeds": [r["rl_seed"] for r in runs],
+            "pass1_rl": over_rl["mean"], "pass1_rl_by_seed": rl, "pass1_rl_min": over_rl["min"],
+            "pass1_rl_max": over_rl["max"], "pass1_rl_ci95": over_rl["ci95"],
+            "pass1_se": float(np.mean([r["pass1_se"] for r in runs])),
+            "pass1_gain": gain["mean"], "pass1_gain_mean": gain["mean"], "pass1_gain_min": gain["min"],
+            "pass1_gain_max": gain["max"], "pass1_gain_ci95": gain["ci95"], "by_seed": runs}
 
 
 def world_aggregate(worlds: dict[int, dict]) -> dict:
@@ -165,16 +169,9 @@ def pool_worlds(worlds: dict[int, dict]) -> dict:
     pass1_sft is the worlds' mean. Run i of two variants pooled over the same worlds and RL seeds starts from the
     same SFT model with the same rl_seed, so the ablation's paired statistics stay paired."""
     runs = [{**s, "world_seed": w} for w, summ in sorted(worlds.items()) for s in summ["by_seed"]]
-    rl, gains = [float(r["pass1"]) for r in runs], [float(r["pass1_gain"]) for r in runs]
-    over_rl, gain = stats.seed_summary(rl), stats.seed_summary(gains)
-    return {"seeds": len(runs), "rl_seeds": [r["rl_seed"] for r in runs], "world_seeds": sorted(worlds),
+    return {**_over_runs(runs), "world_seeds": sorted(worlds),
             "pass1_sft": float(np.mean([summ["pass1_sft"] for summ in worlds.values()])),
             "pass1_sft_by_world": {str(w): summ["pass1_sft"] for w, summ in sorted(worlds.items())},
-            "pass1_rl": over_rl["mean"], "pass1_rl_by_seed": rl, "pass1_rl_min": over_rl["min"],
-            "pass1_rl_max": over_rl["max"], "pass1_rl_ci95": over_rl["ci95"],
-            "pass1_se": float(np.mean([r["pass1_se"] for r in runs])),
-            "pass1_gain": gain["mean"], "pass1_gain_mean": gain["mean"], "pass1_gain_min": gain["min"],
-            "pass1_gain_max": gain["max"], "pass1_gain_ci95": gain["ci95"], "by_seed": runs,
             "steps": max(summ["steps"] for summ in worlds.values()),
             "wall_s": float(sum(summ["wall_s"] for summ in worlds.values()))}
 
