@@ -27,6 +27,18 @@ FLOWS = ROOT / "tests" / "flows"
 # Tests that need what a plain machine lacks (a browser, a container engine, a GPU) run only when the -m expression
 # names their marker (their own dev.sh commands do), so any other -m, such as the fast tier's "not e2e", leaves them out
 OPT_IN = ("ui", "docker", "gpu")
+# `bash infra/dev.sh test` runs the suite on two workers, a file at a time (pytest-xdist's loadfile, in collection
+# order): the longest files go first, so that neither worker is left with one of them at the end. Seconds are each
+# file's time alone on a 2-core machine; other end-to-end files follow, then the rest in pytest's order.
+LONGEST_S = {"flows/test_kill_retry.py": 270, "serve/test_serve_e2e.py": 160, "flows/test_world_seeds.py": 65,
+             "flows/test_seeds.py": 60, "flows/test_own_model.py": 60, "flows/test_campaign_e2e.py": 90,
+             "engine/test_zero_ranks.py": 50, "engine/test_engine_actor.py": 50, "engine/test_collective_sync.py": 50,
+             "flows/test_two_nodes.py": 60}
+
+
+def _order(item) -> tuple:
+    rel = item.path.relative_to(ROOT / "tests").as_posix()
+    return -LONGEST_S.get(rel, 0), not item.get_closest_marker("e2e")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the flow tests' marker must be on them by then
@@ -40,4 +52,4 @@ def pytest_collection_modifyitems(config, items):
         (dropped if any(item.get_closest_marker(m) for m in OPT_IN if m not in named) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    items[:] = sorted(kept, key=_order)  # stable: a file's tests stay together and in their order

@@ -43,7 +43,7 @@ def _until(what: str, check, timeout_s: float, every: float = 2.0):
 
 
 class Serve:
-    def __init__(self, home: Path, runs: Path):
+    def __init__(self, home: Path, runs: Path, monkeypatch):
         self.pp, self.mp = free_port(), free_port()
         # every server's state under the test's own home (the shell's PREFECT_HOME would share a database across runs)
         self.env = {**os.environ, "RSTAR2_HOME": str(home), "PYTHONPATH": str(ROOT),
@@ -55,7 +55,8 @@ class Serve:
         self.proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "serve", "--prefect-port", str(self.pp),
                                       "--mlflow-port", str(self.mp), "--out-dir", str(runs)], cwd=ROOT,
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        os.environ.update(PREFECT_API_URL=self.env["PREFECT_API_URL"])
+        # this test's Prefect client talks to serve's server; later tests in this process get their own again
+        monkeypatch.setenv("PREFECT_API_URL", self.env["PREFECT_API_URL"])
         _until("serve registers the deployments", self._deployed, 600, 1)
 
     def _deployed(self) -> bool:
@@ -90,7 +91,7 @@ class Serve:
         return started
 
 
-def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
+def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path, monkeypatch):
     """SIGTERM while the campaign trains, then a second `serve` retries it to completion; SIGINT stops that one."""
     interrupt, then = signal.SIGTERM, signal.SIGINT
     # a short home: Ray's AF_UNIX socket paths under it must stay below 108 bytes
@@ -98,7 +99,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
     params = {"params": {"preset": "tiny", "overrides": SMOKE + [f"out_dir={runs}"], "run_name": "svc"}}
     run = runs / "svc"
 
-    first = Serve(home, runs)
+    first = Serve(home, runs, monkeypatch)
     try:
         with first.client() as c:
             dep = c.read_deployment_by_name("campaign/tiny-cpu")
@@ -118,7 +119,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path):
     assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
     assert services.port_holder(first.pp) is None and services.port_holder(first.mp) is None
 
-    second = Serve(home, runs)
+    second = Serve(home, runs, monkeypatch)
     try:
         from prefect.states import Scheduled
         with second.client() as c:

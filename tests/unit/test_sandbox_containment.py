@@ -19,7 +19,7 @@ import pytest
 
 from rstar2.sandbox import ExecRequest
 from rstar2.sandbox.docker_backend import DEFAULT_IMAGE, docker_sandbox
-from rstar2.sandbox.executor import PROJECT_ROOT, UID_BASE
+from rstar2.sandbox.executor import MAX_SLOTS, PROJECT_ROOT, UID_BASE
 from rstar2.sandbox.service import SandboxService
 
 
@@ -72,8 +72,8 @@ def need(service, *layers):
         pytest.skip("; ".join(missing))
 
 
-def sandbox_pids() -> list[int]:
-    """Live processes running as one of the sandbox uids (any service's)."""
+def sandbox_pids(uids: range | None = None) -> list[int]:
+    """Live processes running as one of `uids` (default: any sandbox uid, any service's)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -83,7 +83,7 @@ def sandbox_pids() -> list[int]:
             continue
         uid = int(status.split("\nUid:")[1].split()[0])
         state = status.split("\nState:")[1].split()[0]
-        if uid >= UID_BASE and state not in ("Z", "X"):
+        if (uid in uids if uids else uid >= UID_BASE) and state not in ("Z", "X"):
             pids.append(int(pid))
     return pids
 
@@ -94,10 +94,14 @@ def attack(service, code, **kw):
     futs = [service.submit(ExecRequest(code, **kw)), service.submit(ExecRequest("print('alive')"))]
     res, canary = [f.result(timeout=60) for f in futs]
     assert (canary.status, canary.stdout) == ("ok", "alive\n")
+    # the local service's uids are its process's block (another test process may run sandboxed code meanwhile); the
+    # container's service has a pid of its own namespace, so any sandbox uid counts there
+    uids = None if isinstance(service, DockerSandbox) else range(
+        block := UID_BASE + (os.getpid() % (1 << 20)) * MAX_SLOTS, block + MAX_SLOTS)
     deadline = time.monotonic() + 2
-    while sandbox_pids() and time.monotonic() < deadline:
+    while sandbox_pids(uids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sandbox_pids() == [], "a process of the sandboxed code survived its call"
+    assert sandbox_pids(uids) == [], "a process of the sandboxed code survived its call"
     after = [service.run(ExecRequest(f"print({i})")) for i in range(3)]  # every slot still answers
     assert [r.stdout for r in after] == ["0\n", "1\n", "2\n"]
     assert service.snapshot()["restarts"] == restarts, "the attack took an executor down"
