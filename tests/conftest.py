@@ -11,6 +11,10 @@ sys.path.insert(0, str(ROOT))
 from rstar2.cli import env  # noqa: E402
 
 env.apply(os.environ.get("RSTAR2_HOME") or str(ROOT / ".rstar2"))
+# OpenMP threads sleep as soon as their work is done instead of spinning for it: two test workers share two cores
+# with their engines and trainers, and spinning threads take time from them (the arithmetic is the same). Set before
+# anything loads torch; the actors and subprocesses the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "stages.0.plateau={metric: reward_mean, window: 1, min_delta: 1.0, min_steps: 2}",
          "stages.1.steps=1", "stages.1.prompts_per_step=3", "stages.1.max_response_tokens=160",
          "stages.2.steps=1", "stages.2.prompts_per_step=3", "stages.2.max_response_tokens=160",
-         "mining.k=2", "mining.max_problems=8"]
+         "mining.k=2", "mining.max_problems=8",
+         "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
 
 
 @pytest.fixture(scope="module")

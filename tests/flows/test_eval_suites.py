@@ -39,7 +39,7 @@ def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
         {"problem": "Simplify $\\sqrt{12}$.", "solution": "$\\boxed{2\\sqrt{3}}$", "answer": "2\\sqrt{3}",
          "subject": "Algebra", "level": 2, "unique_id": "test/algebra/2.json"}])
     overrides = WORLD + [f"out_dir={tmp_path / 'runs'}", "eval.samples=2", "eval.pass_k=[1, 2]", "eval.top_p=0.9",
-                         "eval.max_response_tokens=48", "eval.max_turns=2",
+                         "eval.max_response_tokens=48", "eval.max_turns=2", "engine.num_engines=1",
                          f"eval.suites=[{{name: aime, path: {aime}, answer_type: integer}}, "
                          f"{{name: math500, path: {m500}, answer_type: math}}]"]
     res = evaluate(EvalParams(preset="tiny", overrides=overrides, run_name="ev", model=model))

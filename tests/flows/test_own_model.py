@@ -95,7 +95,7 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
                  "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
                  # a random model's rewards are all 0: keep its groups so the update runs (on zero advantages), with
                  # truncated importance sampling, which needs the engine's log-probs of the sampled tokens
-                 "roc.drop_all_equal=false", "trainer.tis_cap=2.0"]
+                 "roc.drop_all_equal=false", "trainer.tis_cap=2.0", "engine.num_engines=1"]
     summary = campaign(CampaignParams(preset="tiny", overrides=overrides, run_name="own"))
 
     run = runs / "own"

@@ -16,7 +16,7 @@ from rstar2.run import checkpoint, steps
 pytestmark = pytest.mark.e2e
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=2",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=160",
-         "eval.max_response_tokens=160", "world.max_positions=512",
+         "eval.max_response_tokens=160", "world.max_positions=512", "engine.num_engines=1",
          "roc.drop_all_equal=false"]  # every step updates: the optimizer step shows whether a seed's trainer is fresh
 
 
