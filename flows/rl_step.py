@@ -3,45 +3,70 @@ rollout -> score -> sandbox-execution-stats / roc-filter -> batch-metrics / grpo
 
 The step is a task run (`<stage>-step-<n>`) in its stage's flow run, and the step's tasks are nested in it: the UI draws
 each step as a box that opens to its DAG. A task run costs a few milliseconds of client time, a subflow ~6 blocking
-Prefect API calls (bench/README.md, "Orchestration cost of an RL step")."""
+Prefect API calls (bench/README.md, "Orchestration cost of an RL step").
+
+With rollout.max_staleness 1 the next step's rollout runs beside this step's scoring and update, on the weights the
+engines hold (one version behind the trainer's once the update lands); the checkpoint waits for it, so the new
+weights reach the engines between two rollouts, and the next step starts from its table."""
 
 from __future__ import annotations
 
 from prefect import task
-from pydantic import BaseModel
 
 from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
 from rstar2.flows.evaluate import evaluate_loaded
+from rstar2.flows.stage_transition import StageStart
 from rstar2.tasks import rl
-
-
-class StepAt(BaseModel):
-    """Which step: `step` of `stage` (0-based within the stage), `global_step` over the run's stages."""
-    stage: StageCfg
-    step: int
-    global_step: int
+from rstar2.tasks.rl import Policy, StepAt
 
 
 @task(name="rl-step", task_run_name="{at.stage.name}-step-{at.step}", cache_policy=None)
-def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, problems_uri: str) -> dict:
-    """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step)."""
+def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart, rolled: dict | None = None) -> dict:
+    """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step). `rolled`: this
+    step's rollout when the step before made it (overlap); the result's "ahead" is the next step's, or None."""
     stage, step, global_step = at.stage, at.step, at.global_step
-    rolled = rl.rollout(run, cfg, stage, step, problems_uri)
+    lag = cfg.rollout.max_staleness
+    rolled = rolled or rl.rollout(run, cfg, at, start.problems_uri, policy(cfg, run, at, start))
+    ahead = None
+    if lag and step + 1 < stage.steps:  # the next step's rollout, on the engines' weights, beside this update
+        nxt = at.model_copy(update={"step": step + 1, "global_step": global_step + 1})
+        ahead = rl.rollout.submit(run, cfg, nxt, start.problems_uri, policy(cfg, run, nxt, start))
     scored = rl.score(run, rolled, cfg.sandbox)
     sandbox = rl.sandbox_stats(scored, rolled)
     kept = rl.roc_filter(scored, cfg.roc, cfg.rollout_for(stage).group_size, cfg.rl_seed * 100_003 + global_step)
     batch = rl.batch_metrics(scored, kept)
-    update = rl.grpo_update(run, kept)
+    update = rl.grpo_update(run, kept, staleness(cfg, at))
+    ahead = ahead.result() if ahead is not None else None  # before the commit: a resumed run never has half of it
     meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
     ckpt = rl.checkpoint(run, {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update},
                          str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
     metrics = rl.step_figures({"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update})
+    metrics["staleness"] = float(staleness(cfg, at))
     if eval_due(cfg, step + 1):
         metrics.update(step_eval(cfg, run, stage, ckpt, meta))
-    return {"checkpoint": ckpt, **metrics}
+    return {"checkpoint": ckpt, "ahead": ahead, **metrics}
+
+
+def staleness(cfg: RunCfg, at: StepAt) -> int:
+    """Updates between the weights that sample step `at`'s rollout and the trainer's at its update: the stage's first
+    steps sample from its start, as the trainer does."""
+    return min(at.step, cfg.rollout.max_staleness)
+
+
+def policy(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart) -> rl.Policy:
+    """The weights step `at`'s rollout samples with. Synchronous: the engines' (the newest, synced by the step
+    before). Overlapping: the checkpoint `staleness` steps back, or the stage's start model; the engines hold it
+    already, except in a resumed run, where the rollout task loads it."""
+    lag = staleness(cfg, at)
+    version = at.global_step - lag
+    if not cfg.rollout.max_staleness:
+        return Policy(version=version)
+    back = at.step - lag
+    return Policy(model_dir=str(run.layout.checkpoint(at.stage.name, back)) if back else start.start_model,
+                  version=version)
 
 
 MODEL_META = ("run", "preset", "stage", "step", "global_step")  # what a step's checkpoint tells MLflow of itself

@@ -14,9 +14,10 @@ from rstar2.run import checkpoint, runstate
 from rstar2.training import transition
 from rstar2.run.config import RunCfg, StageCfg
 from rstar2.run.layout import RunRef
-from rstar2.flows.rl_step import MODEL_META, StepAt, eval_due, rl_step, step_eval
+from rstar2.flows.rl_step import MODEL_META, eval_due, rl_step, step_eval
 from rstar2.flows.stage_transition import StageStart
 from rstar2.tasks import costs, publish, rl, track
+from rstar2.tasks.rl import StepAt
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")
@@ -68,11 +69,13 @@ def train_stage(cfg: RunCfg, run: RunRef, stage: StageCfg, start: StageStart) ->
     history = lambda: [r[metric] for r in rows if r.get(metric) is not None]  # noqa: E731
     decision = transition.decide(history(), step, stage.steps, stage.plateau)
     since = costs.mark()  # a step's orchestration cost is measured over its window (track.log_step)
+    ahead = None  # the next step's rollout, made during this one (rollout.max_staleness); a resumed run makes it again
     while not decision.advance:
         res = rl_step(cfg, run.model_copy(update={"mlflow_run_id": run_id}),
-                      StepAt(stage=stage, step=step, global_step=global_step0 + step), start.problems_uri)
+                      StepAt(stage=stage, step=step, global_step=global_step0 + step), start, ahead)
         res["step_s"] = time.perf_counter() - since[0]
         step += 1
+        ahead = res.pop("ahead")
         rows.append({"step": step, **{k: v for k, v in res.items() if k != "checkpoint"}})
         publish.later(update_progress_artifact, progress, step / stage.steps * 100, _progress_line(stage, rows[-1]))
         _, since = track.log_step(rows, global_step0, stage.name, (run_id, run.mlflow_run_id), since)

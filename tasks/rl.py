@@ -72,14 +72,32 @@ def restart_trainer(run: RunRef, cfg: RunCfg, model_dir: str) -> dict:
     return ctl.identity()
 
 
+class StepAt(BaseModel):
+    """Which step: `step` of `stage` (0-based within the stage), `global_step` over the run's stages."""
+    stage: StageCfg
+    step: int
+    global_step: int
+
+
+class Policy(BaseModel):
+    """The weights a rollout samples with: `model_dir` (None: whatever the engines hold, the synchronous step's
+    newest weights) and `version`, the number of updates behind them over the run."""
+    model_dir: str | None = None
+    version: int
+
+
 @task(name="rollout", cache_policy=None, retries=2, retry_condition_fn=_retry_transient)
 @costs.work
-def rollout(run: RunRef, cfg: RunCfg, stage: StageCfg, step: int, problems_uri: str) -> dict:
-    """Step `step` of `stage`: its prompts from `problems_uri`, each sampled G times (2G with RoC's oversampling),
-    through the scheduler (rstar2.rollout.scheduler) into the step's rollout table: {"uri": the table, "sandbox": the
-    service's figures over the rollout, scheduling metrics}. With trainer.engine_logprobs the engines record the
-    log-prob of every sampled token (for trainer.old_logprobs=engine / tis_cap)."""
+def rollout(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str, policy: Policy) -> dict:
+    """Step `at`: its prompts from `problems_uri`, each sampled G times (2G with RoC's oversampling), through the
+    scheduler (rstar2.rollout.scheduler) into the step's rollout table, every row marked with the policy's version:
+    {"uri": the table, "sandbox": the service's figures over the rollout, scheduling metrics}. With
+    trainer.engine_logprobs the engines record the log-prob of every sampled token (for trainer.old_logprobs=engine /
+    tis_cap)."""
+    stage, step = at.stage, at.step
     ctl, limits = controller(run), cfg.rollout_for(stage)
+    if policy.model_dir:
+        ctl.sync_weights(policy.model_dir)  # a resumed overlapping run: the engines go back one version
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
     out_uri = str(run.layout.step_dir(stage.name, step) / "rollouts.parquet")
     engines = ctl.engine_clients(limits.temperature, limits.top_p, cfg.trainer.engine_logprobs)
@@ -87,7 +105,8 @@ def rollout(run: RunRef, cfg: RunCfg, stage: StageCfg, step: int, problems_uri: 
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(engines, cfg.scheduler, run.needs_world().init_model, problems, samples,
                                         limits, ctl.sandbox(cfg.sandbox), out_uri, cfg.world.max_positions,
-                                        on_done=progress, estimator=ctl.estimator, seed=f"{cfg.rl_seed}/step{step}")
+                                        on_done=progress, estimator=ctl.estimator, seed=f"{cfg.rl_seed}/step{step}",
+                                        policy_version=policy.version)
     return {"uri": out_uri, "sandbox": info["sandbox"],
             **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
 
@@ -123,8 +142,9 @@ def batch_metrics(scored: dict, roc: dict) -> dict:
 
 @task(name="grpo-update", cache_policy=None)
 @costs.work
-def grpo_update(run: RunRef, roc: dict) -> dict:
-    return controller(run).update(roc["uri"])
+def grpo_update(run: RunRef, roc: dict, staleness: int = 0) -> dict:
+    """The update on RoC's kept batch, sampled `staleness` updates behind the trainer's weights."""
+    return controller(run).update(roc["uri"], staleness)
 
 
 def step_figures(parts: dict) -> dict:

@@ -8,6 +8,8 @@ VARIANTS: dict[str, list[str]] = {
     "plain-grpo": ["roc.enabled=false"],  # G rollouts per prompt, no oversampling, no RoC filtering
     "overlong-filter": ["trainer.overlong_filter=true"],  # truncated rollouts masked out of the loss (DAPO)
     "no-tool": ["rollout.tool_enabled=false"],  # tool calls answered "tool disabled": RL without the tool
+    # the overlapping step: each next rollout beside the update, one version behind, corrected by truncated IS
+    "overlap": ["rollout.max_staleness=1", "trainer.tis_cap=2.0"],
 }
 
 

@@ -87,6 +87,10 @@ class RolloutCfg(_Cfg):
     tool_enabled: bool = True  # false = the no-tool ablation (tool calls are refused)
     stream_check: int = 16  # trajectories a step checks against the chat template, most tool turns first
     # (rstar2.rollout.stream_check; ~5 ms each on a Qwen template); 0: none
+    # 0: the synchronous step (rollout -> update -> weight sync -> next rollout). 1: the engines generate step t+1's
+    # rollout with the weights they hold while the trainer updates on step t's; the update corrects for the lag of
+    # one version with truncated importance weights (trainer.tis_cap)
+    max_staleness: int = Field(0, ge=0, le=1)
 
 
 class SandboxCfg(_Cfg):
@@ -328,6 +332,16 @@ class RunCfg(_Cfg):
         if self.world.base_model and self.sft.enabled and not self.sft.data:
             raise ValueError("world.base_model is set and sft.enabled is true: sft.data must name the chat transcripts "
                              "to SFT on (JSON lines, README: Your own model and data), or set sft.enabled: false")
+        lag = self.rollout.max_staleness
+        if lag and self.trainer.tis_cap is None:
+            raise ValueError(f"rollout.max_staleness {lag} needs trainer.tis_cap: the update corrects for the lag with "
+                             "truncated importance weights against the engines' log-probs (e.g. trainer.tis_cap=2)")
+        if lag and self.placement.colocate:
+            raise ValueError(f"rollout.max_staleness {lag} overlaps the rollout with the update, and "
+                             "placement.colocate puts the engines to sleep during it: set one of them off")
+        if lag and self.checkpoint.keep_last is not None and self.checkpoint.keep_last <= lag:
+            raise ValueError(f"rollout.max_staleness {lag} needs checkpoint.keep_last > {lag} (or none): a resumed run "
+                             f"regenerates its next rollout from the checkpoint {lag} step(s) back")
         return self
 
     def rollout_for(self, stage: StageCfg) -> RolloutCfg:

@@ -286,8 +286,10 @@ class Controller:
 
     # --- trainer
 
-    def update(self, batch_uri: str) -> dict:
-        """One GRPO-RoC update on the kept batch; the trainer's step metrics. Colocated, the engines sleep meanwhile
+    def update(self, batch_uri: str, staleness: int = 0) -> dict:
+        """One GRPO-RoC update on the kept batch; the trainer's step metrics. `staleness`: updates between the weights
+        that sampled the batch and the trainer's (rollout.max_staleness); the log-prob gap is a check of the weight
+        sync only on a batch of the trainer's own weights (0), on an older one it measures the lag. Colocated, the engines sleep meanwhile
         (weights to CPU memory, KV cache dropped) and wake up after it. A trainer that dies (its process killed, its
         node lost; with trainer.world_size > 1 any of its ranks, and then the whole group) is started again in the
         state it had before the update, and the update is redone: the same batch from the same state gives the same
@@ -298,7 +300,8 @@ class Controller:
             self._respawn_trainer(e)
             metrics = self._update(batch_uri)
         self._updated_on = batch_uri
-        check_logprob_gap(metrics, self.max_logprob_gap)
+        if not staleness:
+            check_logprob_gap(metrics, self.max_logprob_gap)
         return metrics
 
     def _update(self, batch_uri: str) -> dict:

@@ -52,9 +52,9 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
 def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
                        n_samples: int, limits: RolloutCfg, sandbox: Backend, out_uri: str,
                        max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
-                       seed: int | str | None = None) -> dict:
-    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table; on_done(finished,
-    total) after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is
+                       seed: int | str | None = None, policy_version: int = 0) -> dict:
+    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table, each row marked
+    with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total) after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is
     refused: ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
     one from its prior). `seed`: every trajectory-turn samples from a seed of its own
     (rstar2.rollout.trajectory.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
@@ -69,7 +69,7 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
     sched_stats.pop("sched_failures")
     sched_stats.pop("sched_policy")
     service = summarize(before, sb.snapshot()) if sb else {}  # the service's counters are not per row
-    rows = trajectory.to_rows(trajs, chat.tokenizer)
+    rows = [{**r, "policy_version": policy_version} for r in trajectory.to_rows(trajs, chat.tokenizer)]
     wall = time.perf_counter() - t0
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(out_uri)

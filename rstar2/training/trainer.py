@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -207,6 +208,8 @@ class PolicyTrainer:
         engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
         old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
         is_w = grpo.truncated_is_weight(old, engine, c.tis_cap) if c.tis_cap else None
+        # the share of tokens whose importance weight the cap cut (a one-version lag, rollout.max_staleness, raises it)
+        tis_clipped = (old.float() - engine > math.log(c.tis_cap)).float().mean() if c.tis_cap else None
         # the rollout/train mismatch: π_old (the trainer's) against the engine's that sampled the tokens
         gap = (old.float() - engine).abs().mean().detach() if engine is not None else None
         if c.loss_agg == "seq-mean-token-mean":
@@ -227,6 +230,8 @@ class PolicyTrainer:
         st["entropy"] = ent.detach().mean()  # a micro-batch mean; _Stats weights it by the micro-batch's tokens
         if gap is not None:
             st["logprob_gap"] = gap
+        if tis_clipped is not None:
+            st["tis_clip_frac"] = tis_clipped
         return loss, st, logp.numel()
 
     @torch.no_grad()

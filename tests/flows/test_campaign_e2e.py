@@ -26,6 +26,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "stages.1.steps=1", "stages.1.prompts_per_step=3", "stages.1.max_response_tokens=160",
          "stages.2.steps=1", "stages.2.prompts_per_step=3", "stages.2.max_response_tokens=160",
          "mining.k=2", "mining.max_problems=8",
+         # the overlapping step: each step's next rollout runs beside its update, on weights one version behind
+         "rollout.max_staleness=1", "trainer.tis_cap=2.0",
          "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
 
 
@@ -103,6 +105,13 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
                 "sandbox_calls_per_s", "sandbox_latency_p99_s", "sandbox_queue_depth_p99", "verify_calls",
                 "orchestration_overhead_frac", "orch_prefect_s", "orch_mlflow_s", "orch_work_s"):
         assert key in children["stage-stage2-long"].data.metrics, key
+    # one version behind from each stage's second step on; the first samples from the stage's start, as it trains
+    stale = {n: [m.value for m in client.get_metric_history(children[f"stage-{n}"].info.run_id, "staleness")]
+             for n in ("stage1-short", "stage3-hard")}
+    assert stale == {"stage1-short": [0.0, 1.0], "stage3-hard": [0.0]}
+    versions = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / "rollouts.parquet")["policy_version"].unique()
+                .to_list() for i in (0, 1)]
+    assert versions == [[0], [0]]  # both from the SFT model: step 1's rollout ran during step 0's update
     models = client.search_logged_models([exp])
     names = {m.name for m in models}
     assert {"stage1-short-1", "stage1-short-2", "stage2-long-1", "stage3-hard-1"} <= names
@@ -126,14 +135,15 @@ def test_the_evaluate_deployment_flow_scores_a_checkpoint_on_its_own(campaign_ru
 
 def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_run):
     """The UI draws a flow run's graph from each task run's recorded inputs: a step's task run encloses its tasks (their
-    `__parents__`), which are joined by their data; check those edges on the API."""
+    `__parents__`), which are joined by their data; check those edges on the API. The stage's first step: with
+    rollout.max_staleness 1 it holds its own rollout and the next step's."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
     from prefect.client.schemas.objects import TaskRunResult
 
     with get_client(sync_client=True) as client:
-        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-1"])))
+        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-0"])))
         assert len(step) == 1 and step[0].state.is_completed(), "no rl-step task run recorded"
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[step[0].flow_run_id])))
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="stage")))
@@ -141,6 +151,7 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
     nested = [r for r in runs if any(i.id == step[0].id for i in r.task_inputs.get("__parents__", []))]
     names = {r.id: r.name.rsplit("-", 1)[0] for r in nested}  # task run names are "<task>-<suffix>"
     assert set(names.values()) >= {"rollout", "score", "roc-filter", "grpo-update", "checkpoint"}
+    assert list(names.values()).count("rollout") == 2  # this step's and, beside its update, the next one's
     edges = {(names[i.id], names[r.id]) for r in nested for k, inputs in r.task_inputs.items() if k != "__parents__"
              for i in inputs if isinstance(i, TaskRunResult) and i.id in names}
     assert {("rollout", "score"), ("score", "sandbox-execution-stats"), ("score", "roc-filter"),

@@ -180,6 +180,12 @@ def test_engine_logprobs_and_tis(tiny_model, tmp_path):
         assert runs[name][0]["loss"] == pytest.approx(runs["recompute"][0]["loss"], abs=1e-6)
         for k, v in runs[name][1].items():
             torch.testing.assert_close(v, runs["recompute"][1][k], atol=1e-6, rtol=0)
+    assert runs["tis"][0]["tis_clip_frac"] == 0.0  # every weight is 1: none reaches the cap
+    # an engine that found every sampled token 4x less likely than the trainer does: π_old/π_engine = 4 > C = 2
+    lower = [[x - math.log(4) for x in row] for row in engine_logprobs(tr.model, df)]
+    df.with_columns(response_logprobs=pl.Series(lower)).write_parquet(tmp_path / "lower.parquet")
+    m = PolicyTrainer(tiny_model, config.TrainerCfg(tis_cap=2.0), seed=0).update(str(tmp_path / "lower.parquet"))
+    assert m["tis_clip_frac"] == pytest.approx(1.0)
 
 
 def engine_logprobs(model, df, shift: int = 0) -> list[list[float]]:
