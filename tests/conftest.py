@@ -33,11 +33,11 @@ FLOWS = ROOT / "tests" / "flows"
 OPT_IN = ("ui", "docker", "gpu")
 # `bash infra/dev.sh test` runs the suite on two workers, a file at a time (pytest-xdist's loadfile, in collection
 # order): the longest files go first, so that neither worker is left with one of them at the end. Seconds are each
-# file's time alone on a 2-core machine; other end-to-end files follow, then the rest in pytest's order.
-LONGEST_S = {"flows/test_kill_retry.py": 270, "serve/test_serve_e2e.py": 160, "flows/test_world_seeds.py": 65,
-             "flows/test_seeds.py": 60, "flows/test_own_model.py": 60, "flows/test_campaign_e2e.py": 90,
-             "engine/test_zero_ranks.py": 50, "engine/test_engine_actor.py": 50, "engine/test_collective_sync.py": 50,
-             "flows/test_two_nodes.py": 60}
+# file's time beside the other worker on a 2-core machine; the other end-to-end files follow, then the rest.
+LONGEST_S = {"flows/test_kill_retry.py": 300, "serve/test_serve_e2e.py": 240, "flows/test_campaign_e2e.py": 110,
+             "engine/test_zero_ranks.py": 105, "flows/test_world_seeds.py": 75, "engine/test_collective_sync.py": 70,
+             "flows/test_seeds.py": 67, "flows/test_own_model.py": 66, "engine/test_engine_actor.py": 66,
+             "flows/test_two_nodes.py": 54}
 
 
 def _order(item) -> tuple:

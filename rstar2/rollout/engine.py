@@ -141,9 +141,9 @@ class EngineLoop:
         seeds = seeds or [None] * len(prompts)
         priorities = priorities or [0] * len(prompts)
         with self._cv:
-            if self._error is not None or self._stop:
+            if self._down():
                 for f in futs:
-                    f.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
+                    f.set_exception(self._down())
                 return futs
             self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, pr, logprobs, f)
                                         for p, m, s, pr, f in zip(prompts, max_tokens, seeds, priorities, futs)]))
@@ -203,12 +203,16 @@ class EngineLoop:
     def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
-            if self._error is not None or self._stop:
-                fut.set_exception(RuntimeError(f"engine is down: {self._error!r}"))
+            if self._down():
+                fut.set_exception(self._down())
                 return fut
             self._inbox.append(("drained", (work, fut)))
             self._cv.notify()
         return fut
+
+    def _down(self) -> RuntimeError | None:
+        """Why no new work is taken, if it is not (the engine failed or was closed); under the lock."""
+        return RuntimeError(f"engine is down: {self._error!r}") if self._error is not None or self._stop else None
 
     def stats(self) -> dict:
         """vLLM's KV usage and preemptions, plus the loop's own progress counters (read without locking: they are

@@ -81,7 +81,7 @@ def two_nodes(tmp_path, monkeypatch):
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        stop_tree([q for p in procs for q in tree(p)], grace_s=10)  # all at once: one grace period, not three
+        stop_tree([q for p in procs for q in tree(p)], grace_s=3)  # all at once; the driver has left the cluster
         shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -37,15 +37,15 @@ def _sft(tmp_path, model, data, out, *sets):
                                     *[x for s in sets for x in ("--set", s)]])
 
 
-@pytest.mark.e2e  # trains a Qwen-vocabulary model through the CLI: ~20 s each
+@pytest.mark.e2e  # trains a Qwen-vocabulary model through the CLI: ~10 s each
 @pytest.mark.parametrize("packed", [False, True])
 def test_rstar2_sft_trains_a_chat_model_and_writes_a_loadable_model(tmp_path, qwen_model_dir, packed):
     data, out = tmp_path / "sft.jsonl", tmp_path / "out"
     transcripts.write(_rows(8), data)
-    res = _sft(tmp_path, qwen_model_dir, data, out, "sft.epochs=2", "sft.batch_tokens=512", f"sft.packed={packed}")
+    res = _sft(tmp_path, qwen_model_dir, data, out, "sft.epochs=1", "sft.batch_tokens=512", f"sft.packed={packed}")
     assert res.exit_code == 0, res.output
     figures = json.loads((tmp_path / "res.json").read_text())
-    assert figures["steps"] >= 4 and figures["final_loss"] == figures["final_loss"]  # 2 batches an epoch at least
+    assert figures["steps"] >= 2 and figures["final_loss"] == figures["final_loss"]  # 2 batches an epoch at least
     assert checkpoint.is_committed(out) and ChatFormat.load(out).end_of_turn == "<|im_end|>"
     model = AutoModelForCausalLM.from_pretrained(str(out))
     before = load_file(str(qwen_model_dir / "model.safetensors"))["model.embed_tokens.weight"]
