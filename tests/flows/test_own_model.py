@@ -89,7 +89,7 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
     assert table["problem_id"].to_list()[:2] == ["dapo-0", "dapo-1"] and table["prompt"][0] == "What is 11 plus 3?"
 
     overrides = [f"out_dir={runs}", f"world.base_model={qwen_model_dir}", f"world.train_data={train}",
-                 f"sft.data={_jsonl(tmp_path / 'sft.jsonl', transcripts())}", "sft.epochs=2", "sft.batch_tokens=512",
+                 f"sft.data={_jsonl(tmp_path / 'sft.jsonl', transcripts())}", "sft.epochs=1", "sft.batch_tokens=512",
                  suites, "eval.samples=2", "eval.pass_k=[1, 2]", "eval.max_turns=2", "eval.max_response_tokens=48",
                  "rollout.group_size=2", "rollout.max_turns=2", "rollout.max_response_tokens=48",
                  "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
