@@ -40,11 +40,11 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart, rolled: dic
     ahead = ahead.result() if ahead is not None else None  # before the commit: a resumed run never has half of it
     meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
-    ckpt = rl.checkpoint(run, {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update},
-                         str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
+    parts = {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update,
+             "lag": {"staleness": float(staleness(cfg, at))}}
+    ckpt = rl.checkpoint(run, parts, str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
-    metrics = rl.step_figures({"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update})
-    metrics["staleness"] = float(staleness(cfg, at))
+    metrics = rl.step_figures(parts)
     if eval_due(cfg, step + 1):
         metrics.update(step_eval(cfg, run, stage, ckpt, meta))
     return {"checkpoint": ckpt, "ahead": ahead, **metrics}
