@@ -26,22 +26,22 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart, rolled: dic
     """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step). `rolled`: this
     step's rollout when the step before made it (overlap); the result's "ahead" is the next step's, or None."""
     stage, step, global_step = at.stage, at.step, at.global_step
-    lag = cfg.rollout.max_staleness
+    lag = staleness(cfg, at)
     rolled = rolled or rl.rollout(run, cfg, at, start.problems_uri, policy(cfg, run, at, start))
     ahead = None
-    if lag and step + 1 < stage.steps:  # the next step's rollout, on the engines' weights, beside this update
+    if cfg.rollout.max_staleness and step + 1 < stage.steps:  # the next step's rollout, beside this update
         nxt = at.model_copy(update={"step": step + 1, "global_step": global_step + 1})
         ahead = rl.rollout.submit(run, cfg, nxt, start.problems_uri, policy(cfg, run, nxt, start))
     scored = rl.score(run, rolled, cfg.sandbox)
     sandbox = rl.sandbox_stats(scored, rolled)
     kept = rl.roc_filter(scored, cfg.roc, cfg.rollout_for(stage).group_size, cfg.rl_seed * 100_003 + global_step)
     batch = rl.batch_metrics(scored, kept)
-    update = rl.grpo_update(run, kept, staleness(cfg, at))
+    update = rl.grpo_update(run, kept, lag)
     ahead = ahead.result() if ahead is not None else None  # before the commit: a resumed run never has half of it
     meta = {"run": run.layout.root.name, "preset": cfg.name, "stage": stage.name, "step": step + 1,
             "global_step": global_step + 1}
     parts = {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update,
-             "lag": {"staleness": float(staleness(cfg, at))}}
+             "lag": {"staleness": float(lag)}}
     ckpt = rl.checkpoint(run, parts, str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
     metrics = rl.step_figures(parts)

@@ -141,9 +141,9 @@ class EngineLoop:
         seeds = seeds or [None] * len(prompts)
         priorities = priorities or [0] * len(prompts)
         with self._cv:
-            if self._down():
+            if (down := self._down()) is not None:
                 for f in futs:
-                    f.set_exception(self._down())
+                    f.set_exception(down)
                 return futs
             self._inbox.append(("add", [(f"r{next(self._ids)}", p, max(1, m), temperature, top_p, s, pr, logprobs, f)
                                         for p, m, s, pr, f in zip(prompts, max_tokens, seeds, priorities, futs)]))
@@ -203,8 +203,8 @@ class EngineLoop:
     def _when_drained(self, work: Callable[[], object]) -> Future:
         fut: Future = Future()
         with self._cv:
-            if self._down():
-                fut.set_exception(self._down())
+            if (down := self._down()) is not None:
+                fut.set_exception(down)
                 return fut
             self._inbox.append(("drained", (work, fut)))
             self._cv.notify()

@@ -54,9 +54,9 @@ def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_di
                        max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
                        seed: int | str | None = None, policy_version: int = 0) -> dict:
     """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table, each row marked
-    with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total) after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is
-    refused: ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh
-    one from its prior). `seed`: every trajectory-turn samples from a seed of its own
+    with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total) after each
+    trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is refused: ToolDisabled).
+    `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh one from its prior). `seed`: every trajectory-turn samples from a seed of its own
     (rstar2.rollout.trajectory.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
     scheduling. Returns the rollout's figures and scheduling metrics."""
     chat = ChatFormat.load(tokenizer_dir)

@@ -81,6 +81,11 @@ def truncated_is_weight(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Te
     return torch.minimum(old_logp - engine_logp, torch.full_like(old_logp, math.log(cap))).exp()
 
 
+def truncated_is_clip_frac(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
+    """The share of tokens whose π_old / π_engine exceeds C, so that truncated_is_weight cut it."""
+    return (old_logp.float() - engine_logp > math.log(cap)).float().mean()
+
+
 # Optional regularisers, off in the paper's recipe (no KL, no entropy bonus). The caller adds coef * term.
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3",

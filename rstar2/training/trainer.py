@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -209,7 +208,7 @@ class PolicyTrainer:
         old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
         is_w = grpo.truncated_is_weight(old, engine, c.tis_cap) if c.tis_cap else None
         # the share of tokens whose importance weight the cap cut (a one-version lag, rollout.max_staleness, raises it)
-        tis_clipped = (old.float() - engine > math.log(c.tis_cap)).float().mean() if c.tis_cap else None
+        tis_clipped = grpo.truncated_is_clip_frac(old, engine, c.tis_cap) if c.tis_cap else None
         # the rollout/train mismatch: π_old (the trainer's) against the engine's that sampled the tokens
         gap = (old.float() - engine).abs().mean().detach() if engine is not None else None
         if c.loss_agg == "seq-mean-token-mean":
