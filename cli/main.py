@@ -201,7 +201,7 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
 def ablation(preset: str = typer.Option("tiny-recovery", help="preset name or YAML path (default: the tiny world "
                                                                 "where the policy recovers from tool errors)"),
              variants: str = typer.Option("roc,plain-grpo", help="comma-separated: roc, plain-grpo, overlong-filter, "
-                                                                  "no-tool, overlap"),
+                                                                  "no-tool, overlap, partial, overlap-partial"),
              set_: list[str] = typer.Option([], "--set", help="override applied to every variant"),
              name: str = typer.Option("ablation", help="run directories are <name>-<variant>"),
              sft_checkpoint: Optional[str] = typer.Option(None, help="share this committed SFT model"),

@@ -7,7 +7,10 @@ Prefect API calls (bench/README.md, "Orchestration cost of an RL step").
 
 With rollout.max_staleness 1 the next step's rollout runs beside this step's scoring and update, on the weights the
 engines hold (one version behind the trainer's once the update lands); the checkpoint waits for it, so the new
-weights reach the engines between two rollouts, and the next step starts from its table."""
+weights reach the engines between two rollouts, and the next step starts from its table.
+
+With rollout.partial the rollout ends once the step's quota of groups is complete, and hands the rest on to the next
+step's rollout (rstar2.rollout.partial); the update's lag is then that of the table's oldest turn."""
 
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart, rolled: dic
     """The step's metrics and its checkpoint; the caller logs them (rstar2.tasks.track.log_step). `rolled`: this
     step's rollout when the step before made it (overlap); the result's "ahead" is the next step's, or None."""
     stage, step, global_step = at.stage, at.step, at.global_step
-    lag = staleness(cfg, at)
     rolled = rolled or rl.rollout(run, cfg, at, start.problems_uri, policy(cfg, run, at, start))
+    lag = rolled.get("partial_staleness", staleness(cfg, at))  # partial: carried turns are older
     ahead = None
     if cfg.rollout.max_staleness and step + 1 < stage.steps:  # the next step's rollout, beside this update
         nxt = at.model_copy(update={"step": step + 1, "global_step": global_step + 1})

@@ -5,12 +5,15 @@ the run's Controller from the reference (rstar2.tasks.run.controller)."""
 import json
 from pathlib import Path
 
+import polars as pl
 import ray
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from pydantic import BaseModel
 
+from rstar2.rollout import partial
+from rstar2.rollout.partial import PartialRun
 from rstar2.run import checkpoint as ckpt
 from rstar2.evaluation import report
 from rstar2.run import steps, tracking
@@ -101,14 +104,36 @@ def rollout(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str, policy: Pol
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
     out_uri = str(run.layout.step_dir(stage.name, step) / "rollouts.parquet")
     engines = ctl.engine_clients(limits.temperature, limits.top_p, cfg.trainer.engine_logprobs)
-    problems = steps.select_prompts(problems_uri, step, stage.prompts_per_step, cfg.rl_seed)
+    part = None
+    if limits.partial:
+        problems, part = _partial_prompts(run, cfg, at, problems_uri)
+    else:
+        problems = steps.select_prompts(problems_uri, step, stage.prompts_per_step, cfg.rl_seed)
     with bar(f"rollout step {step + 1}") as progress:
         info = steps.rollout_to_parquet(engines, cfg.scheduler, run.needs_world().init_model, problems, samples,
                                         limits, ctl.sandbox(cfg.sandbox), out_uri, cfg.world.max_positions,
                                         on_done=progress, estimator=ctl.estimator, seed=f"{cfg.rl_seed}/step{step}",
-                                        policy_version=policy.version)
-    return {"uri": out_uri, "sandbox": info["sandbox"],
-            **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_"))}}
+                                        policy_version=policy.version, partial_run=part)
+    out = {"uri": out_uri, "sandbox": info["sandbox"],
+           **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_", "partial_"))}}
+    if part:  # updates between the table's oldest turn and the trainer's weights at this step's update
+        oldest = pl.read_parquet(out_uri, columns=["policy_version"])["policy_version"].min()
+        out["partial_staleness"] = at.global_step - int(oldest)
+    return out
+
+
+def _partial_prompts(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str) -> tuple[list[dict], PartialRun]:
+    """A partial rollout's new problems (the groups in flight topped up to the quota and its extra) and its inputs:
+    the carry of the stage's step before (none at its first step)."""
+    stage, step = at.stage, at.step
+    carry = steps.read_carry(str(run.layout.step_dir(stage.name, step - 1) / CARRY) if step else None)
+    quota = stage.prompts_per_step
+    n_new = quota + partial.extra_groups(quota, cfg.rollout.partial_extra) - len(carry.problem_ids)
+    problems, carry.cursor = steps.draw_prompts(problems_uri, carry.cursor, n_new, cfg.rl_seed, carry.problem_ids)
+    return problems, PartialRun(carry, quota, str(run.layout.step_dir(stage.name, step) / CARRY))
+
+
+CARRY = "carry.parquet"  # a partial rollout's carry, in its step's directory
 
 
 @task(name="score", cache_policy=None)

@@ -10,6 +10,9 @@ Everything that completes (a turn, a tool call, an engine probe) becomes an even
 loop's thread in arrival order: `TurnDone`, `ToolDone`, `Probed`, `EngineError`. An engine that fails, or hangs
 (no probe answer / no progress for `hang_timeout_s`), has its trajectories requeued to the others; they resume from
 their last completed turn, and any later event from the dead engine is dropped (a turn is applied at most once).
+
+A partial rollout (a `quota` of groups, rstar2.rollout.partial) takes trajectories carried over from the step
+before, holds those its cut has passed, and ends once the cut is settled, aborting the turns still in flight.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import numpy as np
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import SchedulerCfg
 from rstar2.rollout.estimator import LengthEstimator
+from rstar2.rollout.partial import Cut
 from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
                             tool_turn)
-from rstar2.rollout.scheduler import END, TOOL, TURN, Scheduler, SchedulerSession
+from rstar2.rollout.scheduler import CUT, END, TOOL, TURN, Scheduler, SchedulerSession
 
 TOOL_THREADS = 32
 
@@ -48,6 +52,9 @@ class EngineClient(Protocol):
 
     def flush(self) -> None:
         """Send what was submitted since the last flush (a client may batch its turns until then)."""
+
+    def cancel(self) -> None:
+        """Abort this client's turns in flight (a partial rollout's cut); their futures may never resolve."""
 
 
 class EngineSet(NamedTuple):
@@ -100,6 +107,19 @@ def _probe_event(e: int, f: Future) -> Probed | EngineError:
         return Probed(e, f.result())
     except Exception as err:  # noqa: BLE001
         return EngineError(e, repr(err))
+
+
+def _groups(trajs: list[Trajectory]) -> list[list[int]]:
+    """Indices of each problem's trajectories, problems in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        out.setdefault(t.problem_id, []).append(i)
+    return list(out.values())
+
+
+def _clock(t: Trajectory) -> int:
+    """A partial rollout's clock for t: the model tokens it generated in this rollout (rstar2.rollout.partial)."""
+    return sum(t.loss_mask[t.turn_starts[t.step_turns]:]) if t.num_turns > t.step_turns else 0
 
 
 # ---- one engine, as the loop sees it -----------------------------------------------------------------------------
@@ -163,16 +183,27 @@ class AgentLoop:
         self.cfg, self.sandbox, self.chat, self.limits = cfg, sandbox, chat, limits
         self.policy, self.estimator, self.on_done = policy, estimator, on_done
 
-    def run(self, problems: list[dict], n_samples: int, seed: int | str | None = None) -> tuple[list[Trajectory], dict]:
+    def run(self, problems: list[dict], n_samples: int, seed: int | str | None = None, version: int = 0,
+            carried: list[Trajectory] = (), quota: int | None = None) -> tuple[list[Trajectory], dict]:
         """The trajectories (problem by problem, sample by sample) and the rollout's scheduling metrics (per engine:
         busy share, KV usage mean/max, preemptions, peaks; queue wait, tool wait, requeues, engine failures). With
         `seed`, each turn samples from its own seed (Trajectory.turn_seed): the same trajectories whatever the
-        policy, placement or timing."""
-        self.trajs = make_trajs(self.chat, problems, n_samples, self.limits, seed)
+        policy, placement or timing. Every turn records `version`, the policy's.
+
+        With `quota` (a partial rollout): the `carried` trajectories (whole groups, a problem's consecutively) come
+        first, and the rollout ends once the cut (`self.cut`) is settled; the trajectories are returned as they
+        stand then, carried ones first."""
+        self.version = version
+        self.trajs = list(carried) + make_trajs(self.chat, problems, n_samples, self.limits, seed)
+        self.cut = None if quota is None else Cut(_groups(self.trajs), len(_groups(list(carried))), quota)
         block = max(getattr(c, "block_size", 1) for c in self.clients)
         self.session = SchedulerSession(Scheduler(self.capacities, self.cfg, self.policy, self.estimator, block))
         for i, t in enumerate(self.trajs):
-            self.session.submit(i, t.problem_id, len(t.prompt_ids), t.budget, 0.0)
+            if t.done:  # carried, and ended before the cut
+                self.cut.ended(i)
+                continue
+            self.session.submit(i, t.problem_id, len(t.prompt_ids), t.budget, 0.0, None, len(t.response_ids),
+                                t.num_turns)
         self.t0 = time.perf_counter()
         self.watch = [EngineWatch() for _ in self.clients]
         self.events: queue.SimpleQueue = queue.SimpleQueue()
@@ -182,7 +213,7 @@ class AgentLoop:
         first = self._probe_all()  # stats before the rollout (the preemption baseline); no answer = dead
         wait(first, timeout=self.cfg.hang_timeout_s)
         with ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rollout-tool") as self.pool:
-            while not self.session.done:
+            while not (self.cut.settled if self.cut else self.session.done):
                 self._place()
                 for c in self.clients:  # the turns placed now and those the last events sent on
                     c.flush()
@@ -192,6 +223,8 @@ class AgentLoop:
                 for ev in self._next_events(self.cfg.probe_interval_s):
                     self._handle(ev)
                 self._check_hangs()
+            if self.cut:
+                self._abort_rest()
         return self.trajs, self._metrics()
 
     def now(self) -> float:
@@ -270,9 +303,13 @@ class AgentLoop:
         t, w, now = self.trajs[ev.tid], self.watch[ev.engine], self.now()
         w.turn_back(now)
         w.stats(ev.stats, now)
-        p = model_turn(t, ev.ids, ev.finish, self.chat, self.limits, ev.logprobs)
+        p = model_turn(t, ev.ids, ev.finish, self.chat, self.limits, ev.logprobs, self.version)
+        if self.cut:
+            self.cut.progress(ev.tid, _clock(t))
         if p is None:
             then = END
+        elif self.cut and self.cut.holds(ev.tid):
+            then = CUT
         elif p.request is not None:
             then = TOOL
         else:  # a reply known without running code (a broken call)
@@ -283,23 +320,39 @@ class AgentLoop:
         elif then == TOOL:
             self._call_tool(ev.tid, p)
         elif then == END:
-            self._ended()
+            self._ended(ev.tid)
 
     def _on_tool(self, ev: ToolDone) -> None:
         self.tools_out -= 1
         t, now = self.trajs[ev.tid], self.now()
         self.tool_waits.append(now - ev.sent_at)
-        tool_result(ev.pending, ev.future.result()[0], self.limits)
+        result = ev.future.result()[0]
+        if self.cut and self.cut.holds(ev.tid):  # the cut passed it meanwhile: this turn is not kept
+            return self.session.cut(ev.tid, now)
+        tool_result(ev.pending, result, self.limits)
         fits = tool_turn(ev.pending, self.chat)
         if self.session.tool_done(ev.tid, now, len(t.response_ids), t.num_turns, ended=not fits):
             self._send(ev.tid, self.session.engine_of(ev.tid))
         elif not fits:
-            self._ended()
+            self._ended(ev.tid)
 
-    def _ended(self) -> None:
+    def _ended(self, tid: int) -> None:
         self.finished += 1
+        if self.cut:
+            self.cut.ended(tid)
         if self.on_done:
             self.on_done(self.finished, len(self.trajs))
+
+    def _abort_rest(self) -> None:
+        """The cut is settled: the turns still out are not needed (nor their tool calls)."""
+        for c in self.clients:
+            cancel = getattr(c, "cancel", None)
+            if cancel is not None:
+                try:
+                    cancel()
+                except Exception:  # noqa: BLE001 - a dead engine has nothing to abort
+                    pass
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- failures -------------------------------------------------------------------------------------------
     def _fail(self, e: int, why: str) -> None:

@@ -87,6 +87,16 @@ class EngineClient:
     def probe(self):
         return self.handle.stats.remote().future()
 
+    def cancel(self) -> None:
+        """Abort the turns still out (a partial rollout's cut): the actor drops them; their futures fail here."""
+        with self._lock:
+            keys, self._outgoing = list(self._pending), []
+        self._resolve([(k, None, "cancelled", None, None) for k in keys])
+        try:
+            self.handle.cancel_turns.remote(self._id)
+        except Exception:  # noqa: BLE001 - a dead actor has nothing left to abort
+            pass
+
     def _sent(self, fut: Future, keys: list[int]) -> None:
         """`add_turns` answered: if it failed, so did its turns."""
         if fut.exception() is not None:

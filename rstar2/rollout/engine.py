@@ -93,6 +93,9 @@ class Backend(Protocol):
 
     def reload(self, weights: Weights) -> None: ...
 
+    def abort(self, rids: list[str]) -> None:
+        """Drop these requests: they return nothing and free their KV."""
+
     def reset_cache(self) -> None:
         """Drop the prefix cache (no request running)."""
 
@@ -102,6 +105,10 @@ class Backend(Protocol):
     def stats(self) -> dict:
         """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
         "waiting": requests the engine's own scheduler runs / keeps waiting (vLLM: for lack of KV or seats)}."""
+
+
+class Aborted(RuntimeError):
+    """A turn dropped on purpose (EngineLoop.abort), not an engine failure."""
 
 
 class EngineLoop:
@@ -178,6 +185,16 @@ class EngineLoop:
             chain_on(i, 0, f, [])
         return outs
 
+    def abort(self, futs: list[Future]) -> None:
+        """Drop the requests behind these futures (a partial rollout's cut): the engine stops generating them and
+        their futures fail with Aborted. One that already finished is left as it is."""
+        if not futs:
+            return
+        with self._cv:
+            if self._down() is None:
+                self._inbox.append(("abort", set(futs)))
+                self._cv.notify()
+
     def reload(self, weights: Weights) -> Future:
         return self._when_drained(lambda: self.backend.reload(weights))
 
@@ -247,6 +264,8 @@ class EngineLoop:
         for kind, what in cmds:
             if kind == "drained":
                 self._reloads.append(what)
+            elif kind == "abort":
+                self._abort(what)
             elif self._reloads:
                 self._held += what  # admission is paused while a reload waits or runs
             else:
@@ -270,6 +289,15 @@ class EngineLoop:
             snap = self.stats() if finished else None
             for rid, ids, finish, logprobs in finished:
                 self._futs.pop(rid).set_result((ids, finish, snap, logprobs))
+
+    def _abort(self, futs: set[Future]) -> None:
+        rids = [rid for rid, f in self._futs.items() if f in futs]
+        if rids:
+            self.backend.abort(rids)
+        held = [r for r in self._held if r[-1] in futs]
+        self._held = [r for r in self._held if r[-1] not in futs]
+        for fut in [self._futs.pop(rid) for rid in rids] + [r[-1] for r in held]:
+            fut.set_exception(Aborted("the turn was aborted: a partial rollout's cut"))
 
     def _add(self, reqs: list[tuple]) -> None:
         for rid, prompt, max_tokens, temperature, top_p, seed, priority, logprobs, fut in reqs:
@@ -337,6 +365,9 @@ class _VLLMBackend:
     def step(self):
         return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop",
                  _sampled_logprobs(o.outputs[0].logprobs)) for o in self.engine.step() if o.finished]
+
+    def abort(self, rids: list[str]) -> None:
+        self.engine.abort_request(rids)
 
     def reload(self, weights: Weights) -> None:
         if isinstance(weights, weight_bus.Incoming):  # every worker receives its own copy from the group
@@ -479,12 +510,27 @@ class LocalClient:
 
     def __init__(self, engine: VLLMEngine, temperature: float, top_p: float, logprobs: bool):
         self.engine, self.temperature, self.top_p, self.logprobs = engine, temperature, top_p, logprobs
+        self._out: set[Future] = set()  # its turns in flight
+        self._lock = threading.Lock()
         info = engine.info()
         self.block_size, self.capacity = int(info["block_size"] or 1), int(info["kv_capacity_tokens"])
 
     def submit(self, prompt: list[int], max_tokens: int, seed: int | None = None, priority: int = 0) -> Future:
-        return self.engine.loop.submit(prompt, max_tokens, self.temperature, self.top_p, seed, priority,
-                                       self.logprobs)
+        fut = self.engine.loop.submit(prompt, max_tokens, self.temperature, self.top_p, seed, priority, self.logprobs)
+        with self._lock:
+            self._out.add(fut)
+        fut.add_done_callback(self._back)
+        return fut
+
+    def _back(self, fut: Future) -> None:
+        with self._lock:
+            self._out.discard(fut)
+
+    def cancel(self) -> None:
+        """Abort this client's turns still in flight (a partial rollout's cut)."""
+        with self._lock:
+            out = list(self._out)
+        self.engine.loop.abort(out)
 
     def probe(self) -> Future:
         fut: Future = Future()
@@ -505,6 +551,7 @@ class EngineActor(VLLMEngine):
         # client -> (its finished turns not yet collected, set when there are some); a turn is (key, ids, finish,
         # stats, logprobs) or (key, None, error, None, None)
         self._outboxes: dict[str, tuple[list, asyncio.Event]] = {}
+        self._turns: dict[str, set] = {}  # client -> its turns in flight (futures)
 
     async def add_turns(self, client: str, turns: list[tuple[int, list[int], int, int | None, int]],
                         temperature: float = 1.0, top_p: float = 1.0, logprobs: bool = False) -> None:
@@ -514,8 +561,14 @@ class EngineActor(VLLMEngine):
         loop = asyncio.get_running_loop()
         futs = self.loop.submit_many([t[1] for t in turns], [t[2] for t in turns], temperature, top_p,
                                      [t[3] for t in turns], [t[4] for t in turns], logprobs)
+        self._turns.setdefault(client, set()).update(futs)
         for (key, *_), fut in zip(turns, futs):
             fut.add_done_callback(lambda f, key=key: loop.call_soon_threadsafe(self._finished, client, key, f))
+
+    async def cancel_turns(self, client: str) -> None:
+        """Abort the client's turns in flight and forget its outbox (a partial rollout's cut)."""
+        self.loop.abort(list(self._turns.pop(client, ())))
+        self._outboxes.pop(client, None)
 
     def _box(self, client: str) -> tuple[list, asyncio.Event]:
         if client not in self._outboxes:
@@ -523,6 +576,9 @@ class EngineActor(VLLMEngine):
         return self._outboxes[client]
 
     def _finished(self, client: str, key: int, fut) -> None:
+        if fut not in self._turns.get(client, ()):
+            return  # cancelled
+        self._turns[client].discard(fut)
         box, ready = self._box(client)
         err = fut.exception()
         box.append((key, None, repr(err), None, None) if err is not None else (key, *fut.result()))

@@ -467,6 +467,7 @@ class Scheduler:
 
 # what follows a turn (SchedulerSession.turn_done)
 TOOL, TURN, END = "tool", "turn", "end"  # waits on the sandbox | its next turn goes in now | it has ended
+CUT = "cut"  # it takes no more turns in this rollout (a partial rollout's cut passed it: rstar2.rollout.partial)
 
 
 class SchedulerSession:
@@ -489,8 +490,12 @@ class SchedulerSession:
         self._away: set[int] = set()  # waiting on the sandbox (their next turn goes in once the reply is in)
 
     def submit(self, tid: int, group: str, prompt_len: int, budget: int, now: float,
-               known_len: int | None = None) -> None:
+               known_len: int | None = None, response_len: int = 0, turns: int = 0) -> None:
+        """A trajectory to roll out; one carried from an earlier rollout comes with its response so far (its
+        length and turns), which its length estimate and KV footprint start from."""
         self.sched.submit(tid, group, prompt_len, budget, now, known_len)
+        if response_len or turns:
+            self.sched.progress(tid, response_len, turns)
 
     def placements(self, now: float) -> list[tuple[int, int]]:
         """(trajectory, engine) pairs whose next turn goes to that engine now."""
@@ -516,7 +521,14 @@ class SchedulerSession:
             s.observe_engine(e, now, *stats)
         if then == END:
             s.release(tid, "finished", now)
+        elif then == CUT:
+            s.release(tid, "cancel", now)
         return then == TURN
+
+    def cut(self, tid: int, now: float) -> None:
+        """tid, back from a tool call, takes no more turns (a partial rollout's cut passed it)."""
+        self._away.discard(tid)
+        self.sched.release(tid, "cancel", now)
 
     def tool_done(self, tid: int, now: float, response_len: int, turns: int, ended: bool) -> bool:
         """tid's tool reply is in: appended (its length so far), or it did not fit and tid ended. True: its next turn

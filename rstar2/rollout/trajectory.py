@@ -58,6 +58,9 @@ class Trajectory:
     seed: int | None = None  # its turns' seeds derive from it (turn_seed); None: the engine's own random stream
     response_logprobs: list[float] | None = None  # the engine's, one per response token (0.0 on tool tokens); None:
     # not asked for
+    turn_starts: list[int] = field(default_factory=list)  # where each model turn starts in the response
+    turn_versions: list[int] = field(default_factory=list)  # the policy version that sampled each model turn
+    step_turns: int = 0  # model turns it had when this rollout began (a partial rollout's carried trajectory: > 0)
 
     @property
     def num_turns(self) -> int:
@@ -71,11 +74,10 @@ class Trajectory:
         return None if self.seed is None else zlib.crc32(f"{self.seed}/{k}".encode())
 
     def turn_requests(self) -> list[tuple[list[int], int, int | None]]:
-        """Its model turns as the agent loop sent them, (context, max_tokens, seed) each: a model turn starts where
-        the loss mask turns to 1 (tool tokens are 0). For a replay without tools (rstar2.rollout.engine)."""
-        starts = [i for i, m in enumerate(self.loss_mask) if m and (i == 0 or not self.loss_mask[i - 1])]
+        """Its model turns as the agent loop sent them, (context, max_tokens, seed) each. For a replay without tools
+        (rstar2.rollout.engine)."""
         return [(self.prompt_ids + self.response_ids[:i], self.budget - i, self.turn_seed(k))
-                for k, i in enumerate(starts)]
+                for k, i in enumerate(self.turn_starts)]
 
 
 @dataclass
@@ -136,10 +138,12 @@ def make_trajs(chat: ChatFormat, problems: list[dict], n_samples: int, limits: R
 
 
 def model_turn(t: Trajectory, ids: list[int], finish: str, chat: ChatFormat, limits: RolloutLimits,
-               logprobs: list[float] | None = None) -> Pending | None:
-    """Append a model turn (loss mask 1) and, when the engine gave them, its tokens' log-probs; what follows it
-    (after_turn)."""
+               logprobs: list[float] | None = None, version: int = 0) -> Pending | None:
+    """Append a model turn (loss mask 1) sampled by policy `version` and, when the engine gave them, its tokens'
+    log-probs; what follows it (after_turn)."""
     _record_logprobs(t, ids, logprobs)
+    t.turn_starts.append(len(t.response_ids))
+    t.turn_versions.append(version)
     t.response_ids += ids
     t.loss_mask += [1] * len(ids)
     text = chat.tokenizer.decode(ids, skip_special_tokens=False)
@@ -185,7 +189,8 @@ def tool_turn(p: Pending, chat: ChatFormat) -> bool:
 
 def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
     """Flat records for the rollout Parquet table (one row per trajectory); `response_logprobs` only when the
-    engine's were recorded (a trainer that needs them refuses a table without)."""
+    engine's were recorded (a trainer that needs them refuses a table without). `policy_version`: the oldest of its
+    turns' (a partial rollout's carried trajectory has turns of several)."""
     return [dict(
         problem_id=t.problem_id, sample_idx=t.sample_idx, gold=t.gold, prompt_ids=t.prompt_ids,
         response_ids=t.response_ids, loss_mask=t.loss_mask, tool_statuses=t.tool_statuses,
@@ -193,5 +198,6 @@ def to_rows(trajs: list[Trajectory], tokenizer) -> list[dict]:
         truncated=t.truncated, response_len=len(t.response_ids),
         assistant_text="\n".join(t.assistant_turns), final_text=t.assistant_turns[-1] if t.assistant_turns else "",
         response_text=tokenizer.decode(t.response_ids, skip_special_tokens=False),
+        turn_versions=t.turn_versions, policy_version=min(t.turn_versions, default=0),
         **({} if t.response_logprobs is None else {"response_logprobs": t.response_logprobs}),
     ) for t in trajs]

@@ -10,6 +10,10 @@ VARIANTS: dict[str, list[str]] = {
     "no-tool": ["rollout.tool_enabled=false"],  # tool calls answered "tool disabled": RL without the tool
     # the overlapping step: each next rollout beside the update, one version behind, corrected by truncated IS
     "overlap": ["rollout.max_staleness=1", "trainer.tis_cap=2.0"],
+    # the cut long tail: a step's rollout ends at its quota of groups, the rest carries over (rstar2.rollout.partial)
+    "partial": ["rollout.partial=true", "trainer.tis_cap=2.0"],
+    # both: partial rollouts that overlap the update
+    "overlap-partial": ["rollout.max_staleness=1", "rollout.partial=true", "trainer.tis_cap=2.0"],
 }
 
 

@@ -96,15 +96,17 @@ def _out_of_space(e: BaseException, where: Path) -> bool:
         return False
 
 
-def write_atomic(path: Path, text: str) -> Path:
+def write_atomic(path: Path, content: str | Callable[[Path], object]) -> Path:
     """Write one file so that readers see the old content or the new, never a part: a temporary sibling, fsync,
-    then rename over `path`."""
+    then rename over `path`. `content`: the text, or a writer that writes the file at the path it is given."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{time.time_ns()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
+        if callable(content):
+            content(tmp)
+        else:
+            tmp.write_text(content)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

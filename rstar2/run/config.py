@@ -91,6 +91,11 @@ class RolloutCfg(_Cfg):
     # rollout with the weights they hold while the trainer updates on step t's; the update corrects for the lag of
     # one version with truncated importance weights (trainer.tis_cap)
     max_staleness: int = Field(0, ge=0, le=1)
+    # a step's rollout ends once its quota of groups (stage.prompts_per_step) is complete, on a logical clock;
+    # the other groups' trajectories carry over to the next step with their turns (rstar2.rollout.partial). The step
+    # keeps partial_extra x the quota more groups in flight (fewer than the quota)
+    partial: bool = False
+    partial_extra: float = Field(0.25, gt=0, le=1)
 
 
 class SandboxCfg(_Cfg):
@@ -339,6 +344,10 @@ class RunCfg(_Cfg):
         if lag and self.placement.colocate:
             raise ValueError(f"rollout.max_staleness {lag} overlaps the rollout with the update, and "
                              "placement.colocate puts the engines to sleep during it: set one of them off")
+        if self.rollout.partial and self.trainer.tis_cap is None:
+            raise ValueError("rollout.partial needs trainer.tis_cap: a carried trajectory's earlier turns were sampled "
+                             "by older weights, which the update corrects for with truncated importance weights "
+                             "against the engines' log-probs (e.g. trainer.tis_cap=2)")
         if lag and self.checkpoint.keep_last is not None and self.checkpoint.keep_last <= lag:
             raise ValueError(f"rollout.max_staleness {lag} needs checkpoint.keep_last > {lag} (or none): a resumed run "
                              f"regenerates its next rollout from the checkpoint {lag} step(s) back")

@@ -15,7 +15,8 @@ import polars as pl
 
 from rstar2.evaluation import stats
 
-from rstar2.rollout import stream_check, trajectory
+from rstar2.rollout import partial, stream_check, trajectory
+from rstar2.run import checkpoint as ckpt
 
 from rstar2.training import roc
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
@@ -40,49 +41,111 @@ class ToolDisabled:
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:
     """The step's prompts: a fixed seeded permutation of the split, read in order (epoch after epoch), so a resumed
     run sees exactly the data the uninterrupted one would have."""
+    return draw_prompts(problems_uri, step * n, n, seed)[0]
+
+
+def draw_prompts(problems_uri: str, cursor: int, n: int, seed: int, skip: set[str] = frozenset()) -> tuple[list[dict], int]:
+    """`n` prompts read from position `cursor` of the split's seeded permutation (epoch after epoch), passing over
+    the problems in `skip` (a partial rollout's, still in flight); and the position after them."""
     df = validate(pl.read_parquet(problems_uri), problems_uri)
     if df.height == 0:
         raise ValueError(f"{problems_uri} has no problems")
+    if skip and df.height < n + len(skip):
+        raise ValueError(f"{problems_uri} has {df.height} problems: too few for {n} new prompts beside the "
+                         f"{len(skip)} still in flight (rollout.partial draws only problems not in flight)")
     perm = list(range(df.height))
     random.Random(seed).shuffle(perm)
-    idx = [perm[(step * n + i) % df.height] for i in range(n)]
-    return df[idx].select("problem_id", "prompt", "answer").to_dicts()
+    ids, idx = df["problem_id"].to_list(), []
+    while len(idx) < n:
+        i = perm[cursor % df.height]
+        cursor += 1
+        if ids[i] not in skip:
+            idx.append(i)
+    return df[idx].select("problem_id", "prompt", "answer").to_dicts(), cursor
+
+
+def read_carry(uri: str | None) -> partial.Carry:
+    """The carry a partial rollout left at `uri` (None or a stage's first step: nothing, cursor 0)."""
+    if uri is None:
+        return partial.Carry([], {}, 0)
+    if not Path(uri).is_file():
+        raise FileNotFoundError(f"{uri}: the step before left no carry (was it rolled out with rollout.partial?)")
+    trajs, prompts = partial.from_carry_rows(pl.read_parquet(uri).to_dicts())
+    return partial.Carry(trajs, prompts, int(pl.read_parquet_metadata(uri)["rstar2.cursor"]))
+
+
+def write_carry(uri: str, carry: partial.Carry) -> None:
+    rows = partial.carry_rows(carry.trajs, carry.prompts)
+    df = pl.DataFrame(rows, schema=CARRY_SCHEMA, strict=False)
+    ckpt.write_atomic(Path(uri), lambda tmp: df.write_parquet(tmp, metadata={"rstar2.cursor": str(carry.cursor)}))
+
+
+CARRY_SCHEMA = {"problem_id": pl.String, "sample_idx": pl.Int64, "gold": pl.String, "prompt_ids": pl.List(pl.Int64),
+                "budget": pl.Int64, "response_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int64),
+                "tool_statuses": pl.List(pl.String), "tool_wall_s": pl.List(pl.Float64),
+                "tool_replies": pl.List(pl.String), "assistant_turns": pl.List(pl.String), "truncated": pl.Boolean,
+                "done": pl.Boolean, "seed": pl.Int64, "response_logprobs": pl.List(pl.Float64),
+                "turn_starts": pl.List(pl.Int64), "turn_versions": pl.List(pl.Int64), "prompt": pl.String}
 
 
 def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
                        n_samples: int, limits: RolloutCfg, sandbox: Backend, out_uri: str,
                        max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
-                       seed: int | str | None = None, policy_version: int = 0) -> dict:
-    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table, each row marked
-    with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total) after each
-    trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is refused: ToolDisabled).
-    `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh one from its prior). `seed`: every trajectory-turn samples from a seed of its own
-    (rstar2.rollout.trajectory.Trajectory.turn_seed), so the table is a function of the seed and the weights, not of
-    scheduling. Returns the rollout's figures and scheduling metrics."""
+                       seed: int | str | None = None, policy_version: int = 0,
+                       partial_run: partial.PartialRun | None = None) -> dict:
+    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table, every turn
+    marked with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total)
+    after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is refused:
+    ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh one from
+    its prior). `seed`: every trajectory-turn samples from a seed of its own (Trajectory.turn_seed), so the table is
+    a function of the seed and the weights, not of scheduling. `partial_run`: a partial rollout
+    (rstar2.rollout.partial): the table holds the groups it takes, and the rest goes to its carry. Returns the
+    rollout's figures and scheduling metrics."""
     chat = ChatFormat.load(tokenizer_dir)
     t0 = time.perf_counter()
     lim = trajectory.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
     sb = sandbox if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
     loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), chat, lim, estimator=estimator, on_done=on_done)
-    trajs, sched_stats = loop.run(problems, n_samples, seed)
+    carry = partial_run.carry if partial_run else partial.Carry([], {}, 0)
+    trajs, sched_stats = loop.run(problems, n_samples, seed, policy_version, carry.trajs,
+                                  partial_run.quota if partial_run else None)
     sched_stats.pop("sched_failures")
     sched_stats.pop("sched_policy")
     service = summarize(before, sb.snapshot()) if sb else {}  # the service's counters are not per row
-    rows = [{**r, "policy_version": policy_version} for r in trajectory.to_rows(trajs, chat.tokenizer)]
-    wall = time.perf_counter() - t0
+    prompts = {**carry.prompts, **{p["problem_id"]: p["prompt"] for p in problems}}
     Path(out_uri).parent.mkdir(parents=True, exist_ok=True)
+    cut = {}
+    if partial_run:
+        trajs, cut = _take(loop.cut, trajs, prompts, partial_run)
+    rows = trajectory.to_rows(trajs, chat.tokenizer)
+    wall = time.perf_counter() - t0
     pl.DataFrame(rows).write_parquet(out_uri)
     t1 = time.perf_counter()  # checked once written: a mismatch leaves the table to look at
     try:
-        checked = stream_check.check(stream_check.sample(trajs, limits.stream_check),
-                                     {p["problem_id"]: p["prompt"] for p in problems}, chat)
+        checked = stream_check.check(stream_check.sample(trajs, limits.stream_check), prompts, chat)
     except stream_check.StreamMismatch as e:
         raise stream_check.StreamMismatch(f"{e} (the rollout table: {out_uri})") from None
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
     return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
             "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), "rollout_stream_checked": checked,
-            "rollout_stream_check_s": time.perf_counter() - t1, **sched_stats, "sandbox": service}
+            "rollout_stream_check_s": time.perf_counter() - t1, **sched_stats, **cut, "sandbox": service}
+
+
+def _take(cut: partial.Cut, trajs: list[trajectory.Trajectory], prompts: dict[str, str],
+          run: partial.PartialRun) -> tuple[list[trajectory.Trajectory], dict]:
+    """A settled cut: the trajectories of the groups it takes (in rollout order: a function of the seeds), and the
+    others, cut back to T*, written to the run's carry; the cut's figures."""
+    taken = set(cut.taken())
+    mine = [(g in taken, [trajs[i] for i in tids]) for g, tids in enumerate(cut.groups)]
+    kept = [t for took, ts in mine if took for t in ts]
+    left = [t for took, ts in mine if not took for t in ts]
+    dropped = sum(partial.cut_back(t, cut.t_star) for t in left)
+    write_carry(run.carry_uri, partial.Carry(left, {t.problem_id: prompts[t.problem_id] for t in left},
+                                             run.carry.cursor))
+    return kept, {"partial_groups": len(cut.groups), "partial_carried_in": len(run.carry.trajs),
+                  "partial_carried_out": len(left), "partial_cut_clock": cut.t_star,
+                  "partial_cut_tokens": dropped}
 
 
 def score(rollouts_uri: str, check: Verifier | None, out_uri: str, answer_type: str = "math") -> dict:

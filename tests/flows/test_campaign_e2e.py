@@ -26,8 +26,9 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "stages.1.steps=1", "stages.1.prompts_per_step=3", "stages.1.max_response_tokens=160",
          "stages.2.steps=1", "stages.2.prompts_per_step=3", "stages.2.max_response_tokens=160",
          "mining.k=2", "mining.max_problems=8",
-         # the overlapping step: each step's next rollout runs beside its update, on weights one version behind
-         "rollout.max_staleness=1", "trainer.tis_cap=2.0",
+         # the overlapping step: each step's next rollout runs beside its update, on weights one version behind;
+         # partial rollouts: 3 groups taken of 4 in flight, the fourth carried to the next step
+         "rollout.max_staleness=1", "rollout.partial=true", "trainer.tis_cap=2.0",
          "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
 
 
@@ -112,6 +113,14 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     versions = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / "rollouts.parquet")["policy_version"].unique()
                 .to_list() for i in (0, 1)]
     assert versions == [[0], [0]]  # both from the SFT model: step 1's rollout ran during step 0's update
+    stage1 = children["stage-stage1-short"].info.run_id
+    partial = {k: [m.value for m in client.get_metric_history(stage1, k)]
+               for k in ("partial_groups", "partial_carried_in", "partial_carried_out")}
+    assert partial == {"partial_groups": [4.0, 4.0], "partial_carried_in": [0.0, 8.0], "partial_carried_out": [8.0, 8.0]}
+    tables = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / n) for i in (0, 1)
+              for n in ("rollouts.parquet", "carry.parquet")]
+    assert [t["problem_id"].n_unique() for t in tables] == [3, 1, 3, 1]  # 3 groups of 2G taken, 1 carried
+    assert tables[1]["problem_id"][0] in tables[2]["problem_id"].to_list()  # step 0's carry, taken by step 1
     models = client.search_logged_models([exp])
     names = {m.name for m in models}
     assert {"stage1-short-1", "stage1-short-2", "stage2-long-1", "stage3-hard-1"} <= names

@@ -216,3 +216,24 @@ def test_priorities_reach_the_backend(loop):
     for f in futs:
         f.result(timeout=5)
     assert sorted(toy.priorities.values()) == [0, 0, 2, 5] and len(toy.priorities) == 4
+
+
+def test_abort_drops_the_requests_and_frees_the_engine(loop):
+    """A partial rollout's cut: the aborted turns fail with Aborted, the backend drops them, the others go on."""
+    from rstar2.rollout.engine import Aborted
+
+    lp, toy = loop
+    aborted = []
+    toy.abort = lambda rids: (aborted.extend(rids), [toy.reqs.pop(r) for r in rids])
+    long, other = lp.submit([1], 10_000), lp.submit([2], 10_000)
+    short = lp.submit([3], 3)
+    time.sleep(0.02)
+    lp.abort([long, short])  # short may be done already: left as it is
+    with pytest.raises(Aborted):
+        long.result(timeout=5)
+    assert short.result(timeout=5)[0] == [0, 0, 0]
+    assert len(aborted) == 1 and not other.done()
+    lp.abort([other])
+    with pytest.raises(Aborted):
+        other.result(timeout=5)
+    assert not toy.reqs and lp.stats()["in_flight"] == 0
