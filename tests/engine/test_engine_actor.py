@@ -91,6 +91,27 @@ def test_engine_actor_continuous_turns_stats_and_reload(tmp_path):
         [(ids, _, _, logprobs)] = _pumped([with_lp], [with_lp.submit(prompts[0], 6)])
         assert len(logprobs) == len(ids) >= 1 and all(lp <= 0 for lp in logprobs)
 
+        # a partial rollout's cut: `cancel` aborts the client's turns in the engine; another client's go on
+        cut = cluster.EngineClient(actor, temperature=1.0, top_p=1.0)
+        doomed = [cut.submit(p, 400) for p in prompts[:4]]
+        kept = other.submit(prompts[5], 6)
+        cut.flush()
+        other.flush()
+        end = time.monotonic() + 30
+        while ray.get(actor.stats.remote())["in_flight"] < 4:  # the long ones generate
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        cut.cancel()
+        with pytest.raises(RuntimeError, match="cancelled"):
+            doomed[0].result(timeout=5)
+        assert len(_pumped([other], [kept])[0][0]) >= 1
+        t0 = time.monotonic()
+        while ray.get(actor.stats.remote())["in_flight"]:
+            assert time.monotonic() - t0 < 5, "the aborted turns still run in the engine"
+            time.sleep(0.02)
+        # (were vLLM still generating them, their outputs would reach a loop that no longer knows them and break it:
+        # the turns below would fail)
+
         # the client keeps no collect in flight once its turns are back, sends a turn only with a flush, and a
         # killed actor fails its turns
         assert not client._collecting and not client._pending
