@@ -44,22 +44,24 @@ def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict
     return draw_prompts(problems_uri, step * n, n, seed)[0]
 
 
-def draw_prompts(problems_uri: str, cursor: int, n: int, seed: int, skip: set[str] = frozenset()) -> tuple[list[dict], int]:
-    """`n` prompts read from position `cursor` of the split's seeded permutation (epoch after epoch), passing over
-    the problems in `skip` (a partial rollout's, still in flight); and the position after them."""
+def draw_prompts(problems_uri: str, cursor: int, n: int, seed: int,
+                 skip: set[str] | None = None) -> tuple[list[dict], int]:
+    """`n` prompts read from position `cursor` of the split's seeded permutation (epoch after epoch), and the
+    position after them. With `skip` (a partial rollout's problems still in flight) they are `n` distinct problems,
+    none of them in `skip`."""
     df = validate(pl.read_parquet(problems_uri), problems_uri)
     if df.height == 0:
         raise ValueError(f"{problems_uri} has no problems")
-    if skip and df.height < n + len(skip):
+    if skip is not None and df.height < n + len(skip):
         raise ValueError(f"{problems_uri} has {df.height} problems: too few for {n} new prompts beside the "
                          f"{len(skip)} still in flight (rollout.partial draws only problems not in flight)")
     perm = list(range(df.height))
     random.Random(seed).shuffle(perm)
     ids, idx = df["problem_id"].to_list(), []
-    while len(idx) < n:
+    while len(idx) < n:  # with skip: found within one epoch's positions, so distinct
         i = perm[cursor % df.height]
         cursor += 1
-        if ids[i] not in skip:
+        if not skip or ids[i] not in skip:
             idx.append(i)
     return df[idx].select("problem_id", "prompt", "answer").to_dicts(), cursor
 
