@@ -45,9 +45,11 @@ def rl_step(cfg: RunCfg, run: RunRef, at: StepAt, start: StageStart, rolled: dic
             "global_step": global_step + 1}
     parts = {"rollout": rolled, "batch": batch, "sandbox": sandbox, "roc": kept, "update": update,
              "lag": {"staleness": float(lag)}}
-    ckpt = rl.checkpoint(run, parts, str(run.layout.checkpoint(stage.name, step + 1)), meta, cfg.checkpoint.keep_last)
+    committed = rl.checkpoint(run, parts, str(run.layout.checkpoint(stage.name, step + 1)), meta,
+                              cfg.checkpoint.keep_last)
+    ckpt = committed["path"]
     rl.trajectory_samples(scored, f"{stage.name}-trajectories".replace("_", "-"), cfg.rl_seed + global_step)
-    metrics = rl.step_figures(parts)
+    metrics = {**rl.step_figures(parts), **{k: v for k, v in committed.items() if k != "path"}}
     if eval_due(cfg, step + 1):
         metrics.update(step_eval(cfg, run, stage, ckpt, meta))
     return {"checkpoint": ckpt, "ahead": ahead, **metrics}

@@ -3,6 +3,7 @@ run's reference (rstar2.run.layout.RunRef) and the config sections it uses; one 
 the run's Controller from the reference (rstar2.tasks.run.controller)."""
 
 import json
+import time
 from pathlib import Path
 
 import polars as pl
@@ -180,16 +181,19 @@ def step_figures(parts: dict) -> dict:
 
 @task(name="checkpoint", cache_policy=None)
 @costs.work
-def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last: int | None = None) -> str:
+def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last: int | None = None) -> dict:
     """Commit the trainer state atomically (the step's figures, `step_figures(figures)`, sealed in its manifest: a
     resumed run logs from it a step whose process died after the commit), load the new weights into every engine in
     place (from the checkpoint or from the trainer's memory), delete the stage's checkpoints older than the newest
     `keep_last` (checkpoint.keep_last), record the checkpoint as an MLflow LoggedModel and announce it (evaluation
-    deployments trigger on the event)."""
+    deployments trigger on the event). Returns {"path", "sync_s": the engines' weight sync, and the collective
+    sync's sync_bytes / sync_buckets}: step figures the manifest does not seal (made after it)."""
     ctl = controller(run)
     meta = {**meta, "metrics": step_figures(figures)}
     path = ctl.save(ckpt_dir, meta)
+    t0 = time.perf_counter()
     ctl.sync_trained(path)
+    synced = {"sync_s": time.perf_counter() - t0, **ctl.last_sync}
     ckpt.prune(Path(path).parent, keep_last)  # after the commit: the newest is never among the deleted
     with costs.mlflow():
         model_id = tracking.checkpoint_model(run.experiment_id, run.mlflow_run_id, path,
@@ -201,7 +205,7 @@ def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last:
                              "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
                              "rstar2.run_dir": str(RunLayout.of_checkpoint(path).root)},
                    payload={"global_step": meta.get("global_step"), "mlflow_model_id": model_id})
-    return path
+    return {"path": path, **synced}
 
 
 @task(name="evaluate", cache_policy=None, retries=1, retry_condition_fn=_retry_transient)

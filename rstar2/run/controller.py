@@ -74,7 +74,7 @@ class Controller:
         self._bus: weight_bus.Bus | None = None
         self._bus_members: tuple = ()
         self._bus_key = 0
-        self.last_sync: dict = {}  # the last collective sync's figures (rstar2.run.weight_bus.send)
+        self.last_sync: dict = {}  # the last sync's figures: a collective one's (rstar2.run.weight_bus.send)
 
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
@@ -208,7 +208,8 @@ class Controller:
           from there (zero-copy on the trainer's node; on GPUs it stages through host memory);
         - collective: rank 0 broadcasts them in buckets over a process group of its own with every engine worker
           (rstar2.run.weight_bus: gloo on CPUs, NCCL on GPUs), each engine loading a bucket as it arrives.
-        No file is read on the memory and collective paths."""
+        No file is read on the memory and collective paths. `last_sync`: this sync's figures (collective only)."""
+        self.last_sync = {}
         if self.weight_sync == "disk":
             return self.sync_weights(ckpt_dir)
         if self.weight_sync == "collective":

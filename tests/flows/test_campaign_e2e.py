@@ -104,7 +104,7 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     for key in ("tool_error_rate_pos", "format_violation_rate", "response_len_mean", "truncation_rate",
                 "roc_kept", "roc_dropped", "step_s", "update_s", "update_tokens",
                 "sandbox_calls_per_s", "sandbox_latency_p99_s", "sandbox_queue_depth_p99", "verify_calls",
-                "orchestration_overhead_frac", "orch_prefect_s", "orch_mlflow_s", "orch_work_s"):
+                "orchestration_overhead_frac", "orch_prefect_s", "orch_mlflow_s", "orch_work_s", "sync_s"):
         assert key in children["stage-stage2-long"].data.metrics, key
     # one version behind from each stage's second step on; the first samples from the stage's start, as it trains
     stale = {n: [m.value for m in client.get_metric_history(children[f"stage-{n}"].info.run_id, "staleness")]

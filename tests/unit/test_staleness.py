@@ -47,7 +47,9 @@ def test_one_step_behind_from_the_second_step_of_a_stage(run):
     (["rollout.max_staleness=1", "trainer.tis_cap=2", "checkpoint.keep_last=1"], "checkpoint.keep_last"),
     (["rollout.max_staleness=1", "trainer.tis_cap=2", "placement.colocate=true"], "placement.colocate"),
     (["rollout.max_staleness=2", "trainer.tis_cap=2"], "max_staleness"),
+    (["rollout.partial=true"], "rollout.partial needs trainer.tis_cap"),
+    (["rollout.partial=true", "trainer.tis_cap=2", "rollout.partial_extra=0"], "partial_extra"),
 ])
-def test_a_run_that_cannot_overlap_is_refused_naming_the_setting(sets, says):
+def test_a_run_that_cannot_overlap_or_cut_is_refused_naming_the_setting(sets, says):
     with pytest.raises(ValueError, match=says):
         config.load("tiny", sets)
