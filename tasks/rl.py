@@ -111,10 +111,11 @@ def rollout(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str, policy: Pol
     else:
         problems = steps.select_prompts(problems_uri, step, stage.prompts_per_step, cfg.rl_seed)
     with bar(f"rollout step {step + 1}") as progress:
-        info = steps.rollout_to_parquet(engines, cfg.scheduler, run.needs_world().init_model, problems, samples,
-                                        limits, ctl.sandbox(cfg.sandbox), out_uri, cfg.world.max_positions,
-                                        on_done=progress, estimator=ctl.estimator, seed=f"{cfg.rl_seed}/step{step}",
-                                        policy_version=policy.version, partial_run=part)
+        setup = steps.RolloutSetup(engines, cfg.scheduler, run.needs_world().init_model, ctl.sandbox(cfg.sandbox),
+                                   cfg.world.max_positions, ctl.estimator)
+        info = steps.rollout_to_parquet(setup, problems, samples, limits, out_uri, on_done=progress,
+                                        seed=f"{cfg.rl_seed}/step{step}", policy_version=policy.version,
+                                        partial_run=part)
     out = {"uri": out_uri, "sandbox": info["sandbox"],
            **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_", "partial_"))}}
     if part:  # updates between the table's oldest turn and the trainer's weights at this step's update

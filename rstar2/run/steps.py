@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,25 +91,37 @@ CARRY_SCHEMA = {"problem_id": pl.String, "sample_idx": pl.Int64, "gold": pl.Stri
                 "turn_starts": pl.List(pl.Int64), "turn_versions": pl.List(pl.Int64), "prompt": pl.String}
 
 
-def rollout_to_parquet(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, problems: list[dict],
-                       n_samples: int, limits: RolloutCfg, sandbox: Backend, out_uri: str,
-                       max_model_len: int | None = None, on_done=None, estimator: LengthEstimator | None = None,
-                       seed: int | str | None = None, policy_version: int = 0,
+@dataclass(frozen=True)
+class RolloutSetup:
+    """Where a rollout runs: the engines and their scheduler (`estimator`: kv_aware's length model carried over from
+    earlier rollouts, None: a fresh one from its prior), the model's tokenizer directory, the sandbox for its tool
+    calls, and the engines' context (`max_model_len`)."""
+    engines: EngineSet
+    sched_cfg: SchedulerCfg
+    tokenizer_dir: str
+    sandbox: Backend
+    max_model_len: int | None = None
+    estimator: LengthEstimator | None = None
+
+
+def rollout_to_parquet(setup: RolloutSetup, problems: list[dict], n_samples: int, limits: RolloutCfg, out_uri: str,
+                       on_done=None, seed: int | str | None = None, policy_version: int = 0,
                        partial_run: partial.PartialRun | None = None) -> dict:
-    """Roll out through the agent loop (rstar2.rollout.agent_loop) on `engines` and write the table, every turn
+    """Roll out through the agent loop (rstar2.rollout.agent_loop) as `setup` says and write the table, every turn
     marked with `policy_version` (the count of updates that made the engines' weights); on_done(finished, total)
-    after each trajectory. `sandbox` runs the tool calls (with limits.tool_enabled off every call is refused:
-    ToolDisabled). `estimator`: kv_aware's length model carried over from earlier rollouts (None: a fresh one from
-    its prior). `seed`: every trajectory-turn samples from a seed of its own (Trajectory.turn_seed), so the table is
-    a function of the seed and the weights, not of scheduling. `partial_run`: a partial rollout
+    after each trajectory. The sandbox runs the tool calls (with limits.tool_enabled off every call is refused:
+    ToolDisabled). `seed`: every trajectory-turn samples from a seed of its own (Trajectory.turn_seed), so the table
+    is a function of the seed and the weights, not of scheduling. `partial_run`: a partial rollout
     (rstar2.rollout.partial): the table holds the groups it takes, and the rest goes to its carry. Returns the
     rollout's figures and scheduling metrics."""
-    chat = ChatFormat.load(tokenizer_dir)
+    chat = ChatFormat.load(setup.tokenizer_dir)
     t0 = time.perf_counter()
-    lim = trajectory.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars, max_model_len)
-    sb = sandbox if limits.tool_enabled else None
+    lim = trajectory.RolloutLimits(limits.max_turns, limits.max_response_tokens, limits.tool_response_chars,
+                                   setup.max_model_len)
+    sb = setup.sandbox if limits.tool_enabled else None
     before = sb.snapshot() if sb else None
-    loop = AgentLoop(engines, sched_cfg, sb or ToolDisabled(), chat, lim, estimator=estimator, on_done=on_done)
+    loop = AgentLoop(setup.engines, setup.sched_cfg, sb or ToolDisabled(), chat, lim, estimator=setup.estimator,
+                     on_done=on_done)
     carry = partial_run.carry if partial_run else partial.Carry([], {}, 0)
     trajs, sched_stats = loop.run(problems, n_samples, seed, policy_version, carry.trajs,
                                   partial_run.quota if partial_run else None)
@@ -231,8 +244,9 @@ def evaluate(engines: EngineSet, sched_cfg: SchedulerCfg, tokenizer_dir: str, pr
         df = df.head(cfg.n_problems)
     limits = RolloutCfg(max_turns=cfg.max_turns, temperature=cfg.temperature,
                         max_response_tokens=cfg.max_response_tokens)
-    info = rollout_to_parquet(engines, sched_cfg, tokenizer_dir, df.select("problem_id", "prompt", "answer").to_dicts(),
-                              cfg.samples, limits, sandbox, out_uri, max_model_len, on_done, seed=f"eval/{cfg.seed}")
+    info = rollout_to_parquet(RolloutSetup(engines, sched_cfg, tokenizer_dir, sandbox, max_model_len),
+                              df.select("problem_id", "prompt", "answer").to_dicts(), cfg.samples, limits, out_uri,
+                              on_done, seed=f"eval/{cfg.seed}")
     scored = score(out_uri, check, out_uri, answer_type)
     return {**eval_stats(out_uri, cfg.pass_k or None), "eval_s": info["rollout_s"],
             "reward_mean": scored["reward_mean"]}

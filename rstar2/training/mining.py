@@ -48,9 +48,9 @@ def mine(engines: EngineSet, sched_cfg: SchedulerCfg, checkpoint: str, train_uri
     problems = candidates(train_uri, cfg.max_problems, seed)
     rolled = str(out / "rollouts.parquet")
     limits = limits.model_copy(update={"temperature": cfg.temperature})
-    info = steps.rollout_to_parquet(engines, sched_cfg, checkpoint,
+    info = steps.rollout_to_parquet(steps.RolloutSetup(engines, sched_cfg, checkpoint, sandbox, max_model_len),
                                     problems.select("problem_id", "prompt", "answer").to_dicts(), cfg.k, limits,
-                                    sandbox, rolled, max_model_len, on_done, seed=f"mine/{seed}")
+                                    rolled, on_done, seed=f"mine/{seed}")
     steps.score(rolled, check, rolled)
     hard, counts = hard_set(problems, pl.read_parquet(rolled), cfg.k)
     if hard.height == 0:
