@@ -116,7 +116,8 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     stage1 = children["stage-stage1-short"].info.run_id
     partial = {k: [m.value for m in client.get_metric_history(stage1, k)]
                for k in ("partial_groups", "partial_carried_in", "partial_carried_out")}
-    assert partial == {"partial_groups": [4.0, 4.0], "partial_carried_in": [0.0, 8.0], "partial_carried_out": [8.0, 8.0]}
+    assert partial == {"partial_groups": [4.0, 4.0], "partial_carried_in": [0.0, 8.0],
+                       "partial_carried_out": [8.0, 8.0]}
     tables = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / n) for i in (0, 1)
               for n in ("rollouts.parquet", "carry.parquet")]
     assert [t["problem_id"].n_unique() for t in tables] == [3, 1, 3, 1]  # 3 groups of 2G taken, 1 carried

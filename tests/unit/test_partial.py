@@ -74,7 +74,8 @@ def test_a_trajectory_is_cut_back_to_its_turns_that_ended_by_the_cut():
     assert cut_back(t, 9) == 0 and t.done  # ended by the cut: kept whole
     t = traj(mask, ["ok"], starts)
     assert cut_back(t, 6) == 4
-    assert (t.response_ids, t.assistant_turns, t.tool_statuses, t.turn_starts) == (list(range(8)), ["turn 0"], ["ok"], [0])
+    assert (t.response_ids, t.assistant_turns, t.tool_statuses, t.turn_starts) == \
+        (list(range(8)), ["turn 0"], ["ok"], [0])
     assert len(t.loss_mask) == len(t.response_logprobs) == 8 and not t.done and not t.truncated
     t = traj(mask, ["ok"], starts)
     assert cut_back(t, 4) == 9 and t.response_ids == [] and t.num_turns == 0
@@ -155,7 +156,8 @@ def test_a_partial_rollout_is_the_whole_rollout_cut_at_t_star_whatever_the_timin
     t_star, want = order[2][0], sorted(g for _, g in order[:3])
     assert order[2][0] < order[3][0]  # the script's groups differ: the cut leaves two groups out
     jitter = lambda p: 0.002 * (sum(p) % 5)  # noqa: E731
-    for policy, engines in [("kv_aware", [Cancelling(gen)]), ("round_robin", [Cancelling(gen, jitter), Cancelling(gen)])]:
+    for policy, engines in [("kv_aware", [Cancelling(gen)]),
+                            ("round_robin", [Cancelling(gen, jitter), Cancelling(gen)])]:
         trajs, cut = roll(chat, service, engines, quota=3, policy=policy)
         whole, dropped = roll(chat, service, [FakeEngine(gen)])[0], []
         assert cut.settled and sorted(cut.taken()) == want and cut.t_star == t_star
