@@ -6,7 +6,6 @@ import json
 import time
 from pathlib import Path
 
-import polars as pl
 import ray
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -119,8 +118,7 @@ def rollout(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str, policy: Pol
     out = {"uri": out_uri, "sandbox": info["sandbox"],
            **{k: v for k, v in info.items() if k.startswith(("sched_", "rollout_", "partial_"))}}
     if part:  # updates between the table's oldest turn and the trainer's weights at this step's update
-        oldest = pl.read_parquet(out_uri, columns=["policy_version"])["policy_version"].min()
-        out["partial_staleness"] = at.global_step - int(oldest)
+        out["partial_staleness"] = at.global_step - info["oldest_version"]
     return out
 
 

@@ -346,12 +346,7 @@ class AgentLoop:
     def _abort_rest(self) -> None:
         """The cut is settled: the turns still out are not needed (nor their tool calls)."""
         for c in self.clients:
-            cancel = getattr(c, "cancel", None)
-            if cancel is not None:
-                try:
-                    cancel()
-                except Exception:  # noqa: BLE001 - a dead engine has nothing to abort
-                    pass
+            c.cancel()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- failures -------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import polars as pl
+
 from rstar2.rollout.trajectory import Trajectory
 
 INF = (math.inf, math.inf)
@@ -133,9 +135,14 @@ def cut_back(t: Trajectory, t_star: int) -> int:
 
 
 # ---- the carry: trajectories between two steps ----------------------------------------------------------------
-CARRIED = ("problem_id", "sample_idx", "gold", "prompt_ids", "budget", "response_ids", "loss_mask", "tool_statuses",
-           "tool_wall_s", "tool_replies", "assistant_turns", "truncated", "done", "seed", "response_logprobs",
-           "turn_starts", "turn_versions")
+# a carried trajectory's record: its Trajectory fields (all but step_turns) and its problem's prompt text
+CARRY_SCHEMA = {"problem_id": pl.String, "sample_idx": pl.Int64, "gold": pl.String, "prompt_ids": pl.List(pl.Int64),
+                "budget": pl.Int64, "response_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int64),
+                "tool_statuses": pl.List(pl.String), "tool_wall_s": pl.List(pl.Float64),
+                "tool_replies": pl.List(pl.String), "assistant_turns": pl.List(pl.String), "truncated": pl.Boolean,
+                "done": pl.Boolean, "seed": pl.Int64, "response_logprobs": pl.List(pl.Float64),
+                "turn_starts": pl.List(pl.Int64), "turn_versions": pl.List(pl.Int64), "prompt": pl.String}
+CARRIED = tuple(k for k in CARRY_SCHEMA if k != "prompt")
 
 
 def carry_rows(trajs: list[Trajectory], prompts: dict[str, str]) -> list[dict]:

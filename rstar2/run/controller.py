@@ -293,8 +293,8 @@ class Controller:
         sync only on a batch of the trainer's own weights (0), on an older one it measures the lag. Colocated, the
         engines sleep meanwhile (weights to CPU memory, KV cache dropped) and wake up after it. A trainer that dies
         (its process killed, its node lost; with trainer.world_size > 1 any of its ranks, and then the whole group) is
-        started again in the state it had before the update, and the update is redone: the same batch from the same state gives the same
-        step (a resumed update is bit-identical)."""
+        started again in the state it had before the update, and the update is redone: the same batch from the same
+        state gives the same step (a resumed update is bit-identical)."""
         try:
             metrics = self._update(batch_uri)
         except (RayActorError, RankDied) as e:

@@ -79,16 +79,8 @@ def read_carry(uri: str | None) -> partial.Carry:
 
 def write_carry(uri: str, carry: partial.Carry) -> None:
     rows = partial.carry_rows(carry.trajs, carry.prompts)
-    df = pl.DataFrame(rows, schema=CARRY_SCHEMA, strict=False)
+    df = pl.DataFrame(rows, schema=partial.CARRY_SCHEMA, strict=False)
     ckpt.write_atomic(Path(uri), lambda tmp: df.write_parquet(tmp, metadata={"rstar2.cursor": str(carry.cursor)}))
-
-
-CARRY_SCHEMA = {"problem_id": pl.String, "sample_idx": pl.Int64, "gold": pl.String, "prompt_ids": pl.List(pl.Int64),
-                "budget": pl.Int64, "response_ids": pl.List(pl.Int64), "loss_mask": pl.List(pl.Int64),
-                "tool_statuses": pl.List(pl.String), "tool_wall_s": pl.List(pl.Float64),
-                "tool_replies": pl.List(pl.String), "assistant_turns": pl.List(pl.String), "truncated": pl.Boolean,
-                "done": pl.Boolean, "seed": pl.Int64, "response_logprobs": pl.List(pl.Float64),
-                "turn_starts": pl.List(pl.Int64), "turn_versions": pl.List(pl.Int64), "prompt": pl.String}
 
 
 @dataclass(frozen=True)
@@ -142,7 +134,8 @@ def rollout_to_parquet(setup: RolloutSetup, problems: list[dict], n_samples: int
     except stream_check.StreamMismatch as e:
         raise stream_check.StreamMismatch(f"{e} (the rollout table: {out_uri})") from None
     gen_tokens = sum(sum(r["loss_mask"]) for r in rows)
-    return {"trajectories": len(rows), "rollout_s": wall, "generated_tokens": gen_tokens,
+    oldest = min((r["policy_version"] for r in rows), default=policy_version)  # a partial rollout's carried turns
+    return {"trajectories": len(rows), "oldest_version": oldest, "rollout_s": wall, "generated_tokens": gen_tokens,
             "rollout_tokens_per_s": gen_tokens / max(wall, 1e-9), "rollout_stream_checked": checked,
             "rollout_stream_check_s": time.perf_counter() - t1, **sched_stats, **cut, "sandbox": service}
 

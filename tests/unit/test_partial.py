@@ -126,15 +126,6 @@ SCRIPT = {"zqa": [ANSWER], "zqb": [CALL, ANSWER], "zqc": [CALL, CALL, CALL, ANSW
           "zqe": [ANSWER]}
 
 
-class Cancelling(FakeEngine):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.cancels = 0
-
-    def cancel(self):
-        self.cancels += 1
-
-
 def roll(chat, service, engines, quota=None, carried=(), policy="kv_aware", version=0, problems=SCRIPT):
     probs = [{"problem_id": k, "prompt": f"question {k}", "answer": "42"} for k in problems]
     loop = AgentLoop(EngineSet(engines, [10_000] * len(engines)), SchedulerCfg(), service, chat,
@@ -156,8 +147,8 @@ def test_a_partial_rollout_is_the_whole_rollout_cut_at_t_star_whatever_the_timin
     t_star, want = order[2][0], sorted(g for _, g in order[:3])
     assert order[2][0] < order[3][0]  # the script's groups differ: the cut leaves two groups out
     jitter = lambda p: 0.002 * (sum(p) % 5)  # noqa: E731
-    for policy, engines in [("kv_aware", [Cancelling(gen)]),
-                            ("round_robin", [Cancelling(gen, jitter), Cancelling(gen)])]:
+    for policy, engines in [("kv_aware", [FakeEngine(gen)]),
+                            ("round_robin", [FakeEngine(gen, jitter), FakeEngine(gen)])]:
         trajs, cut = roll(chat, service, engines, quota=3, policy=policy)
         whole, dropped = roll(chat, service, [FakeEngine(gen)])[0], []
         assert cut.settled and sorted(cut.taken()) == want and cut.t_star == t_star
@@ -176,7 +167,7 @@ def test_a_partial_rollout_is_the_whole_rollout_cut_at_t_star_whatever_the_timin
 
 def test_the_carry_goes_on_in_the_next_rollout_and_is_taken_there(chat, service):
     gen = scripted(chat, SCRIPT)
-    first, cut = roll(chat, service, [Cancelling(gen)], quota=3)
+    first, cut = roll(chat, service, [FakeEngine(gen)], quota=3)
     taken = set(cut.taken())
     left = [first[i] for g, tids in enumerate(cut.groups) if g not in taken for i in tids]
     for t in left:
@@ -185,7 +176,7 @@ def test_the_carry_goes_on_in_the_next_rollout_and_is_taken_there(chat, service)
     assert carry and any(t.step_turns for t in carry)  # some carried with turns already made
     more = {"zqf": [ANSWER], "zqg": [CALL, ANSWER]}
     gen2 = scripted(chat, {**SCRIPT, **more})
-    second, cut2 = roll(chat, service, [Cancelling(gen2)], quota=3, carried=carry, version=1, problems=more)
+    second, cut2 = roll(chat, service, [FakeEngine(gen2)], quota=3, carried=carry, version=1, problems=more)
     n_carried = len({t.problem_id for t in carry})
     assert cut2.taken()[:n_carried] == list(range(n_carried))  # every carried group is taken
     whole, _ = roll(chat, service, [FakeEngine(gen)])

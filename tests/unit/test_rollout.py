@@ -122,6 +122,7 @@ class FakeEngine:
         self.pool = ThreadPoolExecutor(32)
         self.calls, self.steps, self.log = 0, 0, []  # log: (event, problem text, time)
         self.priorities: list[int] = []  # of every submitted turn
+        self.cancels = 0  # a partial rollout's cut (AgentLoop) asks for it
         self.lock = threading.Lock()
 
     def submit(self, prompt, max_tokens, seed=None, priority=0):
@@ -156,6 +157,9 @@ class FakeEngine:
 
     def flush(self):
         pass  # every turn went out with its submit
+
+    def cancel(self):
+        self.cancels += 1
 
 
 def run_sched(chat, service, script, engines, samples=3, policy="kv_aware", cfg=None, seed=None, estimator=None,
