@@ -5,9 +5,10 @@ runs as a Ray actor (as in a run) and the bench process plays the trainer holdin
   disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.run.checkpoint),
           then the engine reloads it from the directory;
   memory: the state dict goes once into Ray's object store and the engine reloads from it (no file);
-  collective: the bench process broadcasts the state dict over a gloo group of its own with the engine's worker, in
-          buckets of `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.run.weight_bus). The first
-          sync also opens the group; it is reported apart (`collective_first_s`).
+  collective: the bench process sends the state dict to the engine's worker over a bus of their own, in buckets of
+          `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.run.weight_bus): through shared memory,
+          as a run on one node does (`collective_s`), and by gloo broadcast, as across nodes (`collective_gloo_s`).
+          A bus's first sync also opens it; it is reported apart (`collective_first_s`, shared memory).
 Each figure is the median of `repeats` syncs of freshly perturbed weights.
 """
 
@@ -63,12 +64,13 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     ray.get(engine.info.remote())
     base = load_file(str(model_dir / "model.safetensors"))
     times: dict[str, list[float]] = {"disk_write_s": [], "disk_reload_s": [], "disk_s": [], "memory_s": [],
-                                     "collective_s": []}
-    bus = weight_bus.Bus("127.0.0.1", free_port(), size=2, bucket_bytes=bucket_mb * 2**20, dtype="float32")
-    first = None
+                                     "collective_s": [], "collective_gloo_s": []}
+    shared, gloo = (weight_bus.Bus("127.0.0.1", free_port(), size=2, bucket_bytes=bucket_mb * 2**20, dtype="float32",
+                                   shared_memory=s) for s in (True, False))
+    new_weights = [{k: v + 1e-3 * torch.randn_like(v) for k, v in base.items()} for _ in range(2)]  # a trainer's
     try:
         for i in range(repeats):
-            sd = {k: v + 1e-3 * torch.randn_like(v) for k, v in base.items()}  # a trainer's new weights
+            sd = new_weights[i % 2]
             t0 = time.perf_counter()
             ckpt = checkpoint.commit(work / f"step-{i}", lambda d: _write(d, sd, model_dir), {"step": i})
             t1 = time.perf_counter()
@@ -76,20 +78,31 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
             t2 = time.perf_counter()
             ray.get(engine.load_weights.remote(ray.put(sd), f"memory-{i}"))
             t3 = time.perf_counter()
-            load = engine.load_weights.remote(weight_bus.Incoming(bus, i, 1), f"collective-{i}")
-            weight_bus.send(bus, i, sd.items())
-            ray.get(load)
-            t4 = time.perf_counter()
             for k, v in (("disk_write_s", t1 - t0), ("disk_reload_s", t2 - t1), ("disk_s", t2 - t0),
-                         ("memory_s", t3 - t2), ("collective_s", t4 - t3)):
+                         ("memory_s", t3 - t2), ("collective_s", _collective(engine, shared, i, sd))):
                 times[k].append(v)
-            first = t4 - t3 if first is None else first
-        if repeats > 1:
-            times["collective_s"] = times["collective_s"][1:]  # the first sync also opened the group
+        weight_bus.close()  # the engine's worker leaves the shared bus when it joins the next one
+        times["collective_gloo_s"] = [_collective(engine, gloo, i, new_weights[i % 2]) for i in range(repeats)]
     finally:
         weight_bus.close()
         ray.kill(engine)
+    first = times["collective_s"][0]
+    if repeats > 1:  # a bus's first sync also opened it
+        times["collective_s"], times["collective_gloo_s"] = times["collective_s"][1:], times["collective_gloo_s"][1:]
     return {**{k: statistics.median(v) for k, v in times.items()}, "collective_first_s": first}
+
+
+def _collective(engine, bus, key: int, sd: dict) -> float:
+    """Seconds from the send's start until the engine has loaded every bucket."""
+    import ray
+
+    from rstar2.run import weight_bus
+
+    t0 = time.perf_counter()
+    load = engine.load_weights.remote(weight_bus.Incoming(bus, key, 1), f"collective-{key}")
+    weight_bus.send(bus, key, sd.items())
+    ray.get(load)
+    return time.perf_counter() - t0
 
 
 def _write(d: Path, sd: dict, model_dir: Path) -> None:
@@ -103,8 +116,8 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             repeats: int = typer.Option(3, help="syncs per size and path (the median is reported)"),
             bucket_mb: int = typer.Option(64, help="collective: the most one bucket holds, MiB"),
             json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
-    """Weight sync into a live vLLM engine: disk (commit + reload), memory (Ray object store), collective
-    (broadcast in buckets), three model sizes."""
+    """Weight sync into a live vLLM engine: disk (commit + reload), memory (Ray object store), collective (in
+    buckets, through shared memory and by gloo broadcast), three model sizes."""
     from rich.console import Console
     from rich.table import Table
 
@@ -126,16 +139,19 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **figures})
             console.print(f"{name}: done")
     table = Table(title="weight sync into one vLLM engine (median seconds; MB of fp32 weights)")
-    # disk = commit + reload; coll. 1st: the first collective sync (it also opens the group)
-    for col in ("size", "params", "MB", "commit", "reload", "disk", "memory", "coll.", "coll. 1st", "mem/disk",
-                "coll/disk"):
+    # disk = commit + reload; coll.: through shared memory (one node), its first sync (it also opens the bus) apart;
+    # gloo: the same by gloo broadcast (across nodes)
+    for col in ("size", "params", "MB", "commit", "reload", "disk", "memory", "coll.", "coll. 1st", "gloo",
+                "mem/disk", "coll/disk", "gloo/disk"):
         table.add_column(col, justify="right")
     for r in rows:
-        r["memory_over_disk"], r["collective_over_disk"] = r["memory_s"] / r["disk_s"], r["collective_s"] / r["disk_s"]
+        for path in ("memory", "collective", "collective_gloo"):
+            r[f"{path}_over_disk"] = r[f"{path}_s"] / r["disk_s"]
         table.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['mb_fp32']:.0f}", f"{r['disk_write_s']:.3f}",
                       f"{r['disk_reload_s']:.3f}", f"{r['disk_s']:.3f}", f"{r['memory_s']:.3f}",
-                      f"{r['collective_s']:.3f}", f"{r['collective_first_s']:.3f}", f"{r['memory_over_disk']:.2f}x",
-                      f"{r['collective_over_disk']:.2f}x")
+                      f"{r['collective_s']:.3f}", f"{r['collective_first_s']:.3f}", f"{r['collective_gloo_s']:.3f}",
+                      f"{r['memory_over_disk']:.2f}x", f"{r['collective_over_disk']:.2f}x",
+                      f"{r['collective_gloo_over_disk']:.2f}x")
     console.print(table)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1))

@@ -186,7 +186,7 @@ def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last:
     place (from the checkpoint or from the trainer's memory), delete the stage's checkpoints older than the newest
     `keep_last` (checkpoint.keep_last), record the checkpoint as an MLflow LoggedModel and announce it (evaluation
     deployments trigger on the event). Returns {"path", "sync_s": the engines' weight sync, and the collective
-    sync's sync_bytes / sync_buckets}: step figures the manifest does not seal (made after it)."""
+    sync's sync_bytes / sync_buckets / sync_shared}: step figures the manifest does not seal (made after it)."""
     ctl = controller(run)
     meta = {**meta, "metrics": step_figures(figures)}
     path = ctl.save(ckpt_dir, meta)

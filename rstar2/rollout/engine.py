@@ -15,7 +15,7 @@ every step when stats are on.
 
 Weights are reloaded in place with vLLM's `reload_weights` (no engine restart), from a checkpoint directory, from a
 state dict in memory (the trainer's gathered weights, through Ray's object store: no disk on the way), or bucket by
-bucket as trainer rank 0 broadcasts them to every worker (rstar2.run.weight_bus); then the CPU LM head is repacked,
+bucket as trainer rank 0 sends them to every worker (rstar2.run.weight_bus: a broadcast, or shared memory); then the CPU LM head is repacked,
 and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests arriving meanwhile are
 held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload comes between steps, so
 there are none), then the reload runs and the held requests are admitted. Draining rather than aborting means no
@@ -51,7 +51,7 @@ from rstar2.run.config import RunCfg
 # log-prob of each new token when the request asked for them, else None)
 TurnOut = tuple[list[int], str, dict, list[float] | None]
 # new weights: a checkpoint directory (safetensors), a state dict in memory (HF parameter names -> CPU tensors), or a
-# collective broadcast to join (trainer.weight_sync: collective)
+# collective sync to join (trainer.weight_sync: collective)
 Weights = str | dict[str, Any] | weight_bus.Incoming
 
 

@@ -163,7 +163,8 @@ class TrainerCfg(_Cfg):
     gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~1/3 more compute
     # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
     # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store;
-    # "collective" broadcasts it from rank 0 to every engine worker in buckets (gloo on CPUs, NCCL on GPUs)
+    # "collective" sends it from rank 0 to every engine worker in buckets (NCCL on GPUs; gloo on CPUs, or shared
+    # memory when every engine shares rank 0's node and container)
     weight_sync: Literal["disk", "memory", "collective"] = "disk"
     sync_bucket_mb: int = Field(64, ge=1)  # collective: the most a bucket holds (engines load each as it arrives)
     # the rollout/train mismatch: an update whose batch has a mean |log π_old - log π_engine| over its loss tokens

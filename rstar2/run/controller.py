@@ -70,7 +70,7 @@ class Controller:
         self.colocate = False  # engines sleep around every update (they share the trainer's GPUs)
         self._sandboxes: dict[str, Backend] = {}  # by the config's JSON: one service per sandbox config
         self._sandbox_lock = threading.Lock()  # tasks may ask from several threads at once
-        # trainer.weight_sync=collective: the open group, the actors it was opened for, the next sync's key
+        # trainer.weight_sync=collective: the open bus, the actors it was opened for, the next sync's key
         self._bus: weight_bus.Bus | None = None
         self._bus_members: tuple = ()
         self._bus_key = 0
@@ -206,8 +206,9 @@ class Controller:
         - disk: read back from `ckpt_dir` (engines and trainer must share a filesystem);
         - memory: rank 0's gathered state dict goes once into Ray's object store and each engine's reload reads it
           from there (zero-copy on the trainer's node; on GPUs it stages through host memory);
-        - collective: rank 0 broadcasts them in buckets over a process group of its own with every engine worker
-          (rstar2.run.weight_bus: gloo on CPUs, NCCL on GPUs), each engine loading a bucket as it arrives.
+        - collective: rank 0 sends them in buckets over a bus of its own with every engine worker (rstar2.run.weight_bus:
+          NCCL on GPUs; on CPUs shared memory when all share its node, else gloo), each engine loading a bucket as it
+          arrives.
         No file is read on the memory and collective paths. `last_sync`: this sync's figures (collective only)."""
         self.last_sync = {}
         if self.weight_sync == "disk":
@@ -225,11 +226,11 @@ class Controller:
         self._on_every_engine(lambda e: e.load_weights.remote(weights, ckpt_dir), ckpt_dir)
 
     def _broadcast(self, ckpt_dir: str) -> None:
-        """One collective sync. Engines found dead start again from `ckpt_dir` first (a group waits for all its
-        members). A group is opened for the actors alive then (its store on the trainer's node) and kept while they
-        live. When a sync fails all the same (an engine died mid-broadcast, a peer timed out), the group is dropped,
-        and the engines take the weights through the object store (a dead one starts again): the step goes on, and
-        the next sync opens a new group. A dead trainer is the update's to recover from: its error goes up."""
+        """One collective sync. Engines found dead start again from `ckpt_dir` first (a bus waits for all its
+        members). A bus is opened for the actors alive then (its store on the trainer's node) and kept while they
+        live. When a sync fails all the same (an engine died mid-sync, a peer timed out), the bus is dropped, and the
+        engines take the weights through the object store (a dead one starts again): the step goes on, and the next
+        sync opens a new bus. A dead trainer is the update's to recover from: its error goes up."""
         self._on_every_engine(lambda e: e.__ray_ready__.remote(), ckpt_dir)
         members = (*self.engines, self.trainer)
         if self._bus is None or len(members) != len(self._bus_members) or \

