@@ -8,7 +8,7 @@ import json
 
 
 from rstar2.run import checkpoint
-from rstar2.run.layout import RunLayout
+from rstar2.run.layout import KEPT, ROLLOUTS, RunLayout
 
 # what a run must repeat to the digit. Not logprob_gap: the engine's log-probs of the same tokens move at the 1e-8
 # level with how turns are batched together (one engine instead of two), so it is compared as noise (GAP_NOISE)
@@ -40,10 +40,10 @@ def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
                 out["figures"].setdefault(m, []).extend(h.value for h in hist)
                 out["mlflow_steps"].setdefault(m, []).extend(h.step for h in hist)
     out["kept"], out["rollouts"] = [], []
-    for kept in layout.step_tables(stage, "kept.parquet"):
+    for kept in layout.step_tables(stage, KEPT):
         rows = pl.read_parquet(kept).select("problem_id", "sample_idx", "response_ids", "reward")
         out["kept"].append(_digest(rows))
-    for rolled in layout.step_tables(stage, "rollouts.parquet"):
+    for rolled in layout.step_tables(stage, ROLLOUTS):
         keys = pl.read_parquet(rolled).select("problem_id", "sample_idx")
         out["rollouts"].append({"rows": keys.height, "unique": keys.unique().height, "keys": _digest(keys)})
     ckpts = layout.checkpoints(stage)

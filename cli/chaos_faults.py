@@ -18,7 +18,7 @@ import psutil
 
 from rstar2.cli import services
 from rstar2.run import checkpoint
-from rstar2.run.layout import RunLayout
+from rstar2.run.layout import ROLLOUTS, RunLayout
 
 @dataclass
 class Run:
@@ -181,7 +181,7 @@ def _kill_executor(run: Run) -> str:
 
 
 def _rolled(step: int) -> Callable[[Run], bool]:
-    return lambda run: (run.layout.step_dir(run.stage, step) / "rollouts.parquet").exists()
+    return lambda run: run.layout.step_table(run.stage, step, ROLLOUTS).exists()
 
 
 def _kill_flow(run: Run) -> str:

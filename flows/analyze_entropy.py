@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from rstar2.run import config, runstate
 from rstar2.run.config import RunCfg
-from rstar2.run.layout import RunLayout
+from rstar2.run.layout import SCORED, RunLayout
 from rstar2.tasks import track
 from rstar2.tasks.analysis import EntropySettings, entropy_report, token_entropy
 
@@ -48,7 +48,7 @@ def run_paths(params: EntropyParams) -> tuple[RunCfg, RunLayout]:
 def last_rollouts(cfg: RunCfg, run: RunLayout) -> Path:
     """The scored rollouts of the run's last RL step."""
     for stage in reversed(cfg.stages):
-        steps = run.step_tables(stage.name, "scored.parquet")
+        steps = run.step_tables(stage.name, SCORED)
         if steps:
             return steps[-1]
     raise ValueError(f"{run.root} has no RL step's rollouts (no scored.parquet in any stage's steps): run RL first, "

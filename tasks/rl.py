@@ -16,7 +16,7 @@ from rstar2.rollout import partial
 from rstar2.rollout.partial import PartialRun
 from rstar2.run import checkpoint as ckpt
 from rstar2.evaluation import report
-from rstar2.run import steps, tracking
+from rstar2.run import layout, steps, tracking
 from rstar2.training import mining
 from rstar2.run.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.run.layout import RunLayout, RunRef
@@ -102,7 +102,7 @@ def rollout(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str, policy: Pol
     if policy.model_dir:
         ctl.sync_weights(policy.model_dir)  # a resumed overlapping run: the engines go back one version
     samples = limits.group_size * (limits.oversample if cfg.roc.enabled else 1)
-    out_uri = str(run.layout.step_dir(stage.name, step) / "rollouts.parquet")
+    out_uri = str(run.layout.step_table(stage.name, step, layout.ROLLOUTS))
     engines = ctl.engine_clients(limits.temperature, limits.top_p, cfg.trainer.engine_logprobs)
     part = None
     if limits.partial:
@@ -126,21 +126,18 @@ def _partial_prompts(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str) ->
     """A partial rollout's new problems (the groups in flight topped up to the quota and its extra) and its inputs:
     the carry of the stage's step before (none at its first step)."""
     stage, step = at.stage, at.step
-    carry = steps.read_carry(str(run.layout.step_dir(stage.name, step - 1) / CARRY) if step else None)
+    carry = steps.read_carry(str(run.layout.step_table(stage.name, step - 1, layout.CARRY)) if step else None)
     quota = stage.prompts_per_step
     n_new = quota + partial.extra_groups(quota, cfg.rollout.partial_extra) - len(carry.problem_ids)
     problems, carry.cursor = steps.draw_prompts(problems_uri, carry.cursor, n_new, cfg.rl_seed, carry.problem_ids)
-    return problems, PartialRun(carry, quota, str(run.layout.step_dir(stage.name, step) / CARRY))
-
-
-CARRY = "carry.parquet"  # a partial rollout's carry, in its step's directory
+    return problems, PartialRun(carry, quota, str(run.layout.step_table(stage.name, step, layout.CARRY)))
 
 
 @task(name="score", cache_policy=None)
 @costs.work
 def score(run: RunRef, rolled: dict, sandbox_cfg: SandboxCfg) -> dict:
     """The rollout's rewards and RoC penalties, next to it as scored.parquet: {"uri", "verify": the checks' figures}."""
-    out_uri = str(Path(rolled["uri"]).with_name("scored.parquet"))
+    out_uri = str(Path(rolled["uri"]).with_name(layout.SCORED))
     res = steps.score(rolled["uri"], controller(run).verifier(sandbox_cfg), out_uri)
     return {"uri": out_uri, "verify": res["verify"]}
 
@@ -155,7 +152,7 @@ def sandbox_stats(scored: dict, rolled: dict) -> dict:
 @costs.work
 def roc_filter(scored: dict, roc: RoCCfg, group_size: int, seed: int) -> dict:
     """GRPO-RoC's 2G -> G per prompt (G = `group_size`, the stage's) into kept.parquet, drawn with `seed`."""
-    out_uri = str(Path(scored["uri"]).with_name("kept.parquet"))
+    out_uri = str(Path(scored["uri"]).with_name(layout.KEPT))
     return {"uri": out_uri, **steps.roc_filter(scored["uri"], roc, group_size, seed, out_uri)}
 
 

@@ -3,7 +3,7 @@
 `RunLayout` is the only code that builds or parses a run's paths:
 
     <top>/config.json  world/  sft/  eval/<name>.json|.parquet  summary.json  suites/  plots/
-    <root>/<stage>/step-NNNN/{rollouts,scored,kept}.parquet      one RL step's tables
+    <root>/<stage>/step-NNNN/{rollouts,scored,kept,carry}.parquet one RL step's tables (carry: partial rollouts)
     <root>/checkpoints/<stage>/step-NNNN/                         committed RL checkpoints (rstar2.run.checkpoint)
     <root>/stages/<stage>/                                         a finished stage's end record
     <root>/mining/<stage>/<checkpoint>/                            a mined hard set
@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 STEP_PREFIX = "step-"  # a committed step's directory: step-0001, step-0002, ...
 SEED_PREFIX = "seed-"
+# one RL step's tables: its rollout; scored (rewards, RoC penalties); kept (RoC's G of 2G); a partial rollout's carry
+ROLLOUTS, SCORED, KEPT, CARRY = "rollouts.parquet", "scored.parquet", "kept.parquet", "carry.parquet"
 
 
 def step_name(step: int) -> str:
@@ -92,8 +94,12 @@ class RunLayout(BaseModel):
         """Step `step` (0-based, as the stage counts them) of `stage`: its rollout, scored and kept tables."""
         return self.root / stage / step_name(step)
 
+    def step_table(self, stage: str, step: int, table: str) -> Path:
+        """One of step `step`'s tables (ROLLOUTS, SCORED, KEPT, CARRY)."""
+        return self.step_dir(stage, step) / table
+
     def step_tables(self, stage: str, table: str) -> list[Path]:
-        """`table` (e.g. scored.parquet) of every step of `stage` that wrote one, oldest first."""
+        """`table` (e.g. SCORED) of every step of `stage` that wrote one, oldest first."""
         return sorted((self.root / stage).glob(f"{STEP_PREFIX}*/{table}"))
 
     def step_eval(self, stage: str, step: int) -> Path:
