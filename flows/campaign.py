@@ -84,20 +84,23 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
                      params=cfg.model_dump(), set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
                      parent_id=params.parent_mlflow_run_id) as run:
         sft_model = _sft_model(cfg, params, run)
+        settled = _settled(cfg, run, seeds, params.seeds, sft_model)  # run again once done: no actor starts
         by_seed = []
         for i, cfg_s in enumerate(seeds):
             seed_layout = layout.for_seed(cfg_s.rl_seed, params.seeds)
             resume, is_rl = runstate.resume_point(seed_layout, cfg_s, sft_model)
-            if i == 0:  # the engines (kept for every seed) and the first seed's trainer, then the one SFT evaluation
+            if i == 0 and not settled:  # the engines (kept for every seed) and the first seed's trainer
                 rl.start_actors(run, cfg_s, resume)
                 if is_rl:
                     rl.restore_trainer(run, resume)
-                before = evaluate_checkpoint(cfg, run, sft_model, f"sft-{cfg.eval.split}", cfg.eval.split)
-            elif any(runstate.finished(seed_layout, s) is None for s in cfg.stages):  # a finished seed: no trainer
+            elif i > 0 and runstate.final_model(seed_layout, cfg_s, sft_model) is None:  # a finished seed: no trainer
                 rl.restart_trainer(run, cfg_s, resume)
                 if is_rl:
                     rl.restore_trainer(run, resume)
-            rl.load_weights(run, resume)
+            if i == 0:  # the one SFT evaluation
+                before = evaluate_checkpoint(cfg, run, sft_model, f"sft-{cfg.eval.split}", cfg.eval.split)
+            if not settled:
+                rl.load_weights(run, resume)
             seed_run_id = run.mlflow_run_id if params.seeds == 1 else track.open_run(track.RunSpec(
                 experiment=cfg.experiment, out_dir=cfg.out_dir, name=f"seed-{cfg_s.rl_seed}",
                 key=str(seed_layout.root), parent_id=run.mlflow_run_id,
@@ -116,6 +119,20 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         layout.summary.write_text(json.dumps(summary, indent=1))
         create_markdown_artifact(_summary_markdown(summary, _headline(cfg)), key="campaign-summary")
         return summary
+
+
+def _settled(cfg: RunCfg, run: RunRef, seeds: list[RunCfg], n_seeds: int, sft_model: str) -> bool:
+    """Whether the run has nothing left to do: the SFT model evaluated, and every seed's stages finished with their
+    final model evaluated. Run again then, it reports what it recorded and starts no engine or trainer."""
+    split = cfg.eval.split
+    if runstate.recorded(run.layout.eval_out(f"sft-{split}"), sft_model) is None:
+        return False
+    for cfg_s in seeds:
+        seed_layout = run.layout.for_seed(cfg_s.rl_seed, n_seeds)
+        final = runstate.final_model(seed_layout, cfg_s, sft_model)
+        if final is None or runstate.recorded(seed_layout.eval_out(f"final-{split}"), final) is None:
+            return False
+    return True
 
 
 def _sft_model(cfg: RunCfg, params: CampaignParams, run: RunRef) -> str:

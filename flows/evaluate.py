@@ -51,8 +51,10 @@ def result_name(model_dir: str, split: str) -> str:
 @flow(name="evaluate-checkpoint", flow_run_name="{name}")
 def evaluate_checkpoint(cfg: RunCfg, run: RunRef, model_dir: str, name: str, split: str) -> dict:
     """Evaluate `model_dir` with the run's engines (they are loaded with it first), record it as `name` in the run's
-    evaluations and in MLflow (at the checkpoint's global step; 0 for a model that is not an RL checkpoint)."""
-    rl.load_weights(run, model_dir)
+    evaluations and in MLflow (at the checkpoint's global step; 0 for a model that is not an RL checkpoint). An
+    evaluation already recorded loads nothing into the engines (a finished run again starts none)."""
+    if runstate.recorded(run.layout.eval_out(name), model_dir) is None:
+        rl.load_weights(run, model_dir)
     meta = checkpoint.manifest(Path(model_dir)) if checkpoint.is_committed(Path(model_dir)) else {"stage": name}
     model = rl.ModelRef(dir=model_dir, meta={k: v for k, v in meta.items() if k not in ("metrics", "files")},
                         step=meta.get("global_step", 0))

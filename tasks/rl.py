@@ -16,7 +16,7 @@ from rstar2.rollout import partial
 from rstar2.rollout.partial import PartialRun
 from rstar2.run import checkpoint as ckpt
 from rstar2.evaluation import report
-from rstar2.run import layout, steps, tracking
+from rstar2.run import layout, runstate, steps, tracking
 from rstar2.training import mining
 from rstar2.run.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.run.layout import RunLayout, RunRef
@@ -211,9 +211,8 @@ def evaluate(run: RunRef, cfg: RunCfg, model_dir: str, table: EvalTable, out_uri
     limits of cfg.eval. Its result is written next to the samples and reused by a retried run, so a finished
     evaluation is never redone."""
     done = Path(out_uri).with_suffix(".json")
-    if done.is_file() and json.loads(done.read_text()).get("model_dir") == model_dir:
-        res = json.loads(done.read_text())["result"]
-        # a result from before pass1_se/pass@k: its figures again from the same samples
+    res = runstate.recorded(done.with_suffix(""), model_dir)
+    if res is not None:  # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
     ctl = controller(run)
     engines = ctl.engine_clients(cfg.eval.temperature, cfg.eval.top_p)

