@@ -139,7 +139,10 @@ def _segment(nbytes: int) -> tuple[str | None, torch.Tensor | None]:
     if _HEAD + nbytes > room.f_bavail * room.f_frsize // 2:  # leave the rest to Ray's object store and others
         return None, None
     path = os.path.join(SHM_DIR, f"rstar2-weights-{os.getpid()}-{secrets.token_hex(_NONCE)}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError:  # a /dev/shm this process may not write
+        return None, None
     try:
         os.posix_fallocate(fd, 0, _HEAD + nbytes)
     except OSError:
@@ -186,8 +189,9 @@ def offsets(sizes: list[int]) -> list[int]:
 
 
 def send(bus: Bus, key: int, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device | str = "cpu") -> dict:
-    """Rank 0: send `weights` (name, tensor) to every engine worker, floating tensors cast to bus.dtype; returns
-    once every worker has them. {"sync_bytes", "sync_buckets", "sync_shared": 1 by shared memory, 0 by broadcast}."""
+    """Rank 0: send `weights` (name, tensor) to every engine worker, floating tensors cast to bus.dtype. Returns once
+    the last bucket is sent (through shared memory: once every worker has loaded them), with {"sync_bytes",
+    "sync_buckets", "sync_shared": 1 through shared memory, 0 by broadcast}."""
     at, cast = device_of(bus, device), getattr(torch, bus.dtype)
     named = [(n, t.detach()) for n, t in weights]
     meta = [(n, list(t.shape), bus.dtype if t.is_floating_point() else str(t.dtype).removeprefix("torch."))
