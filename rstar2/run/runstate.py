@@ -104,12 +104,5 @@ def final_model(run: RunLayout, cfg: RunCfg, sft_model: str) -> str | None:
 
 
 def evaluated(run: RunLayout, model_dir: str | Path, split: str) -> bool:
-    """Whether an evaluation of `model_dir` on `split` is recorded in the run (written by the evaluate task with the
-    model it evaluated)."""
-    for f in run.eval_records(split):
-        try:
-            if json.loads(f.read_text()).get("model_dir") == str(model_dir):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+    """Whether an evaluation of `model_dir` on `split` is recorded in the run, under any name."""
+    return any(recorded(f.with_suffix(""), model_dir) is not None for f in run.eval_records(split))
