@@ -2,7 +2,7 @@
 the local sandbox, MLflow on SQLite): the Qwen-shaped fixture (Qwen's real vocabulary, 151,936 embedding rows, its
 own chat template, <|im_end|> turns, random weights), a DAPO-Math-17k-layout file brought in by `rstar2 data import`,
 chat transcripts with a tool call for SFT, and an AIME-layout and a MATH-500-layout suite. The campaign runs SFT ->
-evaluation -> one RL step -> evaluation on both suites. A random model solves nothing: the test checks the plumbing
+evaluation -> one RL step (its weights to the engine by the collective sync) -> evaluation on both suites. A random model solves nothing: the test checks the plumbing
 (what was imported, what ran, what was committed and what MLflow holds), not learning."""
 
 import json
@@ -95,7 +95,8 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
                  "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
                  # a random model's rewards are all 0: keep its groups so the update runs (on zero advantages), with
                  # truncated importance sampling, which needs the engine's log-probs of the sampled tokens
-                 "roc.drop_all_equal=false", "trainer.tis_cap=2.0", "engine.num_engines=1"]
+                 "roc.drop_all_equal=false", "trainer.tis_cap=2.0", "engine.num_engines=1",
+                 "trainer.weight_sync=collective"]  # the update's weights reach the engine in buckets (its own loader)
     summary = campaign(CampaignParams(preset="tiny", overrides=overrides, run_name="own"))
 
     run = runs / "own"
@@ -114,6 +115,7 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
         == ["train"]
     stage = client.search_runs([exp], "attributes.run_name = 'stage-rl'")[0].data.metrics
     assert stage["update_tokens"] > 0 and not stage.get("skipped")  # the trainer updated the SFT'd fixture
+    assert stage["sync_shared"] == 1 and stage["sync_bytes"] > 0  # and sent it through shared memory (checked inside)
     metrics = client.get_run(summary["mlflow_run_id"]).data.metrics  # the latest values: the final evaluation's
     logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.run.checkpoint") == str(final))
     on_model = {m.key: m.value for m in logged.metrics}
