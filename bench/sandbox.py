@@ -28,10 +28,11 @@ from typing import Callable, Optional
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
+from rstar2.run import progress
+
+console = progress.console()
 SNIPPETS = {
     "trivial": "print(1 + 1)",
     "loop": "s = 0\nfor i in range(10**5):\n    s += i\nprint(s)",

@@ -327,10 +327,10 @@ def command(prompts: int = typer.Option(512, help="prompts per step, 32 rollouts
     """The RL step at the qwen3-14b preset's shape, simulated: synchronous (colocated, and on two GPU pools),
     overlap k=1, partial rollouts and both; GPU-seconds per step and each kind of GPU's idle share. With
     --check-run, the simulator against a measured tiny campaign."""
-    from rich.console import Console
+    from rstar2.run import progress
     from rich.table import Table
 
-    console, out = Console(), {}
+    console, out = progress.console(), {}
     try:
         engine_gpus, trainer_gpus = (int(x) for x in split.split(","))
     except ValueError:

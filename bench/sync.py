@@ -118,11 +118,12 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Weight sync into a live vLLM engine: disk (commit + reload), memory (Ray object store), collective (in
     buckets, through shared memory and by gloo broadcast), three model sizes."""
-    from rich.console import Console
     from rich.table import Table
 
     from rstar2.rollout import cluster
-    console = Console()
+    from rstar2.run import progress
+
+    console = progress.console()
     names = [s.strip() for s in sizes.split(",") if s.strip()]
     bad = [s for s in names if s not in SIZES]
     if bad:

@@ -221,10 +221,10 @@ def command(
 ):
     """Our GRPO-RoC update vs TRL's GRPOTrainer: same model, batch, loss tokens and precision; tokens/s and peak
     memory."""
-    from rich.console import Console
+    from rstar2.run import progress
     from rich.table import Table
 
-    console = Console()  # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
+    console = progress.console()  # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
     if dtype not in ("float32", "bfloat16"):
         console.print(f"[red]error:[/red] --dtype must be float32 or bfloat16, got {dtype!r}")
         raise typer.Exit(2)

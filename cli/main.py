@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from rstar2.bench import trainer as bench_trainer
 from rstar2.cli import env, tables
 from rstar2.data import FORMATS as DATA_FORMATS
+from rstar2.run import progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
-console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and CI too
+console = progress.console()
 
 
 def fail(message: object, code: int = 2) -> NoReturn:

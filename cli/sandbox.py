@@ -7,13 +7,13 @@ import logging
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from rstar2.bench.sandbox import isolation_table
+from rstar2.run import progress
 from rstar2.sandbox.api import SandboxLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="The code-execution sandbox service")
-console = Console()
+console = progress.console()
 
 
 def _service(slots: int, limits: SandboxLimits, require: list[str], prewarm: list[str]):

@@ -1,4 +1,5 @@
-"""Progress of long work (SFT, rollouts, evaluation): a rich bar in a terminal, a plain line now and then in a log."""
+"""Progress of long work (SFT, rollouts, evaluation): a rich bar in a terminal, a plain line now and then in a log;
+and the console commands print their tables on."""
 
 from __future__ import annotations
 
@@ -6,9 +7,16 @@ import contextlib
 import sys
 import time
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 LOG_EVERY_S = 60.0  # without a terminal: one line per minute of a long phase, none for a short one
+LOG_WIDTH = 200  # without a terminal: columns a table may take (rich's default, 80, cuts a wide one's cells)
+
+
+def console() -> Console:
+    """Where a command prints: the terminal's width in a terminal; in a log or CI, wide enough for whole tables."""
+    return Console(width=None if sys.stdout.isatty() else LOG_WIDTH)
 
 
 @contextlib.contextmanager
