@@ -12,7 +12,6 @@ allows it (`eval.while_training`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -77,7 +76,7 @@ def evaluate_loaded(cfg: RunCfg, run: RunRef, model: rl.ModelRef, split: str, ou
     rl.log_suites(run, results, model, Path(out).name)
     headline = {**results[cfg.eval.suites[0].name], "suites": results}
     # what runstate.evaluated looks for: this model's evaluation is done
-    checkpoint.write_atomic(Path(f"{out}.json"), json.dumps({"model_dir": model.dir, "result": headline}))
+    runstate.record(out, model.dir, headline)
     return headline
 
 

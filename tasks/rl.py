@@ -2,7 +2,6 @@
 run's reference (rstar2.run.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
 the run's Controller from the reference (rstar2.tasks.run.controller)."""
 
-import json
 import time
 from pathlib import Path
 
@@ -210,8 +209,8 @@ def evaluate(run: RunRef, cfg: RunCfg, model_dir: str, table: EvalTable, out_uri
     """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines) on one problem table, with the
     limits of cfg.eval. Its result is written next to the samples and reused by a retried run, so a finished
     evaluation is never redone."""
-    done = Path(out_uri).with_suffix(".json")
-    res = runstate.recorded(done.with_suffix(""), model_dir)
+    out = Path(out_uri).with_suffix("")
+    res = runstate.recorded(out, model_dir)
     if res is not None:  # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
     ctl = controller(run)
@@ -220,7 +219,7 @@ def evaluate(run: RunRef, cfg: RunCfg, model_dir: str, table: EvalTable, out_uri
         check = ctl.verifier(cfg.sandbox) if table.answer_type == "math" else None
         res = steps.evaluate(engines, cfg.scheduler, model_dir, table.uri, cfg.eval, cfg.world.max_positions,
                              ctl.sandbox(cfg.sandbox), check, out_uri, on_done=progress, answer_type=table.answer_type)
-    ckpt.write_atomic(done, json.dumps({"model_dir": model_dir, "result": res}))
+    runstate.record(out, model_dir, res)
     return res
 
 

@@ -81,9 +81,14 @@ def newest_checkpoint(run: RunLayout, cfg: RunCfg) -> Path | None:
     return Path(found[0]) if found[1] else None
 
 
+def record(out: str | Path, model_dir: str, result: dict) -> None:
+    """An evaluation is done: its result for `model_dir` in `<out>.json`, beside its samples (written atomically)."""
+    checkpoint.write_atomic(Path(f"{out}.json"), json.dumps({"model_dir": model_dir, "result": result}))
+
+
 def recorded(out: str | Path, model_dir: str | Path) -> dict | None:
-    """The result an evaluation of `model_dir` left in `<out>.json` (what rl.evaluate and a suite evaluation write
-    once done), else None: a finished evaluation is never redone."""
+    """The result `record` left for an evaluation of `model_dir` in `<out>.json`, else None: a finished evaluation
+    is never redone."""
     try:
         record = json.loads(Path(f"{out}.json").read_text())
     except (OSError, ValueError):

@@ -72,7 +72,8 @@ class _Member:
 
 _MEMBERS: dict[tuple[str, int], _Member] = {}  # this process's bus (one at a time)
 _NONCE = 16  # bytes of a segment's head that name it: the random part of its file name
-_HEAD = 64  # bytes before a segment's buckets: its nonce, then padding to a cache line
+_LINE = 64  # a cache line: where each bucket of a segment starts (any dtype's alignment)
+_HEAD = _LINE  # bytes before a segment's buckets: its nonce, then padding to a cache line
 
 
 def _join(bus: Bus, rank: int, nbytes: int = 0) -> _Member:
@@ -184,7 +185,7 @@ def offsets(sizes: list[int]) -> list[int]:
     the last entry is the segment's size."""
     out = [0]
     for n in sizes:
-        out.append(out[-1] + -(-n // _HEAD) * _HEAD)
+        out.append(out[-1] + -(-n // _LINE) * _LINE)
     return out
 
 
