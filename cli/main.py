@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, NoReturn, Optional
+from typing import Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -12,18 +12,12 @@ from rich.table import Table
 
 from rstar2.bench import trainer as bench_trainer
 from rstar2.cli import env, tables
+from rstar2.cli.refuse import fail
 from rstar2.data import FORMATS as DATA_FORMATS
 from rstar2.run import progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = progress.console()
-
-
-def fail(message: object, code: int = 2) -> NoReturn:
-    """The one way a command refuses: `error: <message>` on one line (markup in it is shown as written), then exit
-    `code` (2: bad input or usage, 1: the command ran and its verdict is no)."""
-    console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _write_json(path: Optional[Path], data: dict) -> None:
@@ -287,6 +281,7 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
     answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
     env.apply()
     from rstar2.evaluation import solve
+    from rstar2.rollout.chat import ChatTemplateError
     from rstar2.run import config
     from rstar2.run.layout import RunLayout
 
@@ -296,7 +291,10 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
         preset = str(found) if found else "tiny"
         console.print(f"settings: {preset}", style="dim")
     _check_preset(preset, set_)
-    rec = solve.solve(str(checkpoint), problem, config.load(preset, set_), answer, temperature, max_turns, seed)
+    try:
+        rec = solve.solve(str(checkpoint), problem, config.load(preset, set_), answer, temperature, max_turns, seed)
+    except ChatTemplateError as e:  # one line, with the way forward
+        fail(f"{e}; `rstar2 model add-tools --model {checkpoint} --out DIR` gives a model a tool template")
     for part in tables.trajectory_view(rec):
         console.print(part)
     _write_json(json_path, rec)
@@ -486,9 +484,11 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
 from rstar2.bench import sandbox as bench_sandbox  # noqa: E402
 from rstar2.bench import step_sim as bench_step  # noqa: E402
 from rstar2.bench import sync as bench_sync  # noqa: E402
+from rstar2.cli.models import app as models_app  # noqa: E402
 from rstar2.cli.sandbox import app as sandbox_app  # noqa: E402
 
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(models_app, name="model")
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks (rich table; --json PATH)")
 app.add_typer(bench_app, name="bench")
 

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 def campaign_table(summary: dict, preset: str) -> Table:
-    """SFT, one row per RL seed, and with several seeds their mean with min, max and 95 % interval over seeds;
+    """The imported model as it came (where there is one), SFT, one row per RL seed, and with several seeds their mean with min, max and 95 % interval over seeds;
     pass@1 ± its standard error over problems, pass@k."""
     ks = sorted(int(k.removeprefix("pass_at_").removesuffix("_sft")) for k in summary
                 if k.startswith("pass_at_") and k.endswith("_sft"))[1:]
@@ -17,6 +17,9 @@ def campaign_table(summary: dict, preset: str) -> Table:
                         f"over problems)")
     for col in ("checkpoint", "pass@1 ± se", *(f"pass@{k}" for k in ks), "gain"):
         table.add_column(col, justify="left" if col == "checkpoint" else "right")
+    if "pass1_instruct" in summary:  # an imported model, evaluated as it came (its tool template only)
+        table.add_row("imported model as it came", _pm(summary, "pass1_instruct", "pass1_instruct_se"),
+                      *("" for _ in ks), "")
     table.add_row("SFT", _pm(summary, "pass1_sft", "pass1_sft_se"),
                   *(f"{summary[f'pass_at_{k}_sft']:.3f}" for k in ks), "")
     for s in summary["by_seed"]:

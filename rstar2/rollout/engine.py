@@ -67,6 +67,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # > 1: vLLM's Ray executor runs one worker per GPU of the engine's bundles
     sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
     max_num_seqs: int | None = None  # sequences one step may batch (vLLM's max_num_seqs); None: vLLM's default
+    threads: int | None = None  # CPU: the engine's torch threads; None: what its process was given (one in an actor)
 
     @classmethod
     def of_run(cls, cfg: RunCfg, model_dir: str, seed: int) -> EngineSpec:
@@ -75,7 +76,8 @@ class EngineSpec:
                    kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
                    gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size,
                    tensor_parallel_size=cfg.engine.tensor_parallel_size, sleep_mode=cfg.placement.colocate,
-                   max_num_seqs=cfg.scheduler.max_inflight)  # the scheduler's seats per engine are vLLM's
+                   max_num_seqs=cfg.scheduler.max_inflight,  # the scheduler's seats per engine are vLLM's
+                   threads=cfg.engine.threads)
 
 
 class Backend(Protocol):
@@ -321,6 +323,10 @@ class _VLLMBackend:
 
     def __init__(self, spec: EngineSpec):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: 5 s start instead of 30 on CPU
+        if spec.threads:  # before vLLM's CPU worker starts: it forbids changing them afterwards
+            import torch
+
+            torch.set_num_threads(spec.threads)
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext

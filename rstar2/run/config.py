@@ -33,6 +33,13 @@ class WorldCfg(_Cfg):
     max_positions: int = 2048  # the context (prompt + response); with base_model, unless set with it (in the
     # preset that names the model or after it), the model's own max_position_embeddings (`_context`)
     base_model: str | None = None  # a HF model dir to start from instead of making a tiny one
+    # a pretrained model the world brings in as its initial model instead of making a tiny one: a GGUF file (a path,
+    # or `pkg:<module>/<file>` inside an installed distribution) or a HF model dir, converted and given a tool
+    # template if it lacks one (rstar2/models/); SFT then trains it on the world's own transcripts
+    import_model: str | None = None
+    problems: Literal["tiny", "gsm_symbolic"] = "tiny"  # the generator of the world's problems and SFT transcripts:
+    # the tiny world's arithmetic kinds, or reasoning-gym's GSM8K templates in natural language (rstar2/world/gsm.py)
+    held_out: float = Field(0.2, gt=0, lt=1)  # gsm_symbolic: the share of templates kept for `test` alone
     arch: dict | None = None  # the base model's config.json fields (model_type, hidden_size, ...): the shape `rstar2
     # plan` sizes memory from where base_model is not on this machine (a planning host without the weights)
     # problem tables (Parquet or JSONL in the schema of rstar2/data/schema.py; `rstar2 data import` makes them) used
@@ -40,6 +47,13 @@ class WorldCfg(_Cfg):
     train_data: str | None = None
     val_data: str | None = None
     test_data: str | None = None
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "WorldCfg":
+        if self.base_model and self.import_model:
+            raise ValueError("world.base_model and world.import_model both name a model: set one (base_model: a "
+                             "HF directory used as it is; import_model: one the world converts and makes tool-aware)")
+        return self
 
     @model_validator(mode="after")
     def _context(self) -> "WorldCfg":
@@ -203,6 +217,9 @@ class EngineCfg(_Cfg):
     kv_cache_mb: int = 256
     gpu_memory_utilization: float | None = None
     dtype: str = "bfloat16"
+    # CPU: torch threads per engine (None: one, what Ray gives an actor). A model whose steps are bound by its matrix
+    # products (~100M parameters) generates faster on every core: engines and trainer take turns, never run at once
+    threads: int | None = Field(None, ge=1)
     block_size: int | None = Field(None, ge=1)  # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole
     # blocks are prefix-cached: smaller blocks let a trajectory's next turn and a prompt's siblings reuse more KV
 

@@ -54,7 +54,8 @@ class Device:
 
 
 def model_config(cfg: RunCfg) -> PretrainedConfig:
-    """The base model's config.json where it is on this machine, else world.arch, else the tiny world's model."""
+    """The base model's config.json where it is on this machine, else world.arch, else the imported model's own
+    config (read from its file: ~25 s for a GGUF, which world.arch saves), else the tiny world's model."""
     w = cfg.world
     if w.base_model and (Path(w.base_model) / "config.json").is_file():
         return AutoConfig.from_pretrained(w.base_model)
@@ -64,6 +65,10 @@ def model_config(cfg: RunCfg) -> PretrainedConfig:
         if not model_type:
             raise PlanError("world.arch must name its model_type (as in the model's config.json)")
         return AutoConfig.for_model(model_type, **arch)
+    if w.import_model:
+        from rstar2.models import importer
+
+        return importer.config_of(w.import_model)
     if w.base_model:
         raise PlanError(f"world.base_model {w.base_model} has no config.json on this machine: set world.arch to its "
                         "config.json fields to plan without the weights")

@@ -156,6 +156,7 @@ def _model(model_dir: str, rows: list[Row]):
     """The model's config, its weights' presence, its tokenizer and chat template (the weights are not read)."""
     from transformers import AutoConfig
 
+    from rstar2.models import tools
     from rstar2.rollout.chat import ChatFormat
 
     try:
@@ -169,9 +170,13 @@ def _model(model_dir: str, rows: list[Row]):
         rows.append(Row("model and template", FAIL, f"{type(e).__name__}: {e}"))
         return None
     overhead = len(trajectory.prompt_ids(chat, [""])[0])
+    added = tools.record(model_dir)  # a template and tokens rstar2 gave the model (rstar2 model add-tools)
+    given = (f"; its tool template ({added['tool_template']}) and tokens {', '.join(added['added_tokens'])} were "
+             f"added by rstar2 (rstar2_model.json)" if added.get("tool_template") else "")
     rows.append(Row("model and template", OK, f"{model_dir}: {mc.model_type}, vocabulary {len(chat.tokenizer)}; the "
                     f"template renders system prompt and tools in {overhead} tokens, ends a turn with "
-                    f"{chat.end_of_turn}", {"model_type": mc.model_type, "prompt_overhead_tokens": overhead}))
+                    f"{chat.end_of_turn}{given}", {"model_type": mc.model_type, "prompt_overhead_tokens": overhead,
+                                                    **({"added": added} if given else {})}))
     return chat
 
 

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
+from rstar2.models import tools
 from rstar2.training import device as dev, transcripts
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 from rstar2.rollout.chat import ChatFormat
@@ -105,6 +106,7 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
         model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
+    tools.carry(model_dir, out_dir)  # what rstar2 gave the model (its tool template) goes with it
     return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall)
 
 

@@ -50,6 +50,7 @@ from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, sh
 from rstar2.run.config import TrainerCfg
 from rstar2.training.optim import adamw, lr_lambda
 from rstar2.rollout.chat import load_tokenizer
+from rstar2.models import tools
 
 STATE_FILE = "trainer_state.pt"
 
@@ -116,6 +117,7 @@ class PolicyTrainer:
         self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.device = dev.pick(cfg.device)
         self.tokenizer = load_tokenizer(model_dir)
+        self.model_dir = model_dir  # its record (rstar2.models.tools) goes into every checkpoint
         if cfg.backend == "deepspeed":
             from rstar2.training import deepspeed_backend as dsb
             dsb.init_distributed(rank, world_size, master)
@@ -273,6 +275,7 @@ class PolicyTrainer:
         torch.save(_rng_state(), tmp / f"rng-rank{self.rank}.pt")  # each rank's own RNGs (they may differ)
         if self.rank == 0:
             self.tokenizer.save_pretrained(str(tmp))
+            tools.carry(self.model_dir, tmp)
             state = {"backend": self.backend.state_dict(), "trainer_rng": self.rng.getstate(),
                      "step": self.step, "meta": meta}
             torch.save(state, tmp / STATE_FILE)

@@ -1,5 +1,6 @@
-"""Make the whole tiny world under one directory: problem splits, SFT transcripts, tokenizer, initial model; and bring
-in the user's problem tables (world.train_data / val_data / test_data) whenever they are set."""
+"""Make the whole world under one directory: problem splits (the tiny world's kinds, or GSM8K-style word problems),
+SFT transcripts, and the initial model (the tiny world's tokenizer and model, or a pretrained one brought in); and
+bring in the user's problem tables (world.train_data / val_data / test_data) whenever they are set."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import RunCfg
 from rstar2.data import clean, formats, schema
-from rstar2.world import model, problems, sft_data, tokenizer
+from rstar2.models import importer
+from rstar2.rollout.template import REASON_OPEN
+from rstar2.world import gsm, model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")
 SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
@@ -77,17 +80,28 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
             raise ValueError(f"world.base_model is set, so {' and '.join(missing)} must name a problem table"
                              f"{'' if cfg.eval.suites else ' (or set eval.suites)'}")
         return paths
-    splits = problems.generate(cfg.seed, {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}, w.kinds)
+    sizes = {"sft": w.n_sft, "train": w.n_train, "val": w.n_val, "test": w.n_test}
+    if w.problems == "gsm_symbolic":
+        splits = gsm.generate(cfg.seed, sizes, w.held_out)
+    else:
+        splits = problems.generate(cfg.seed, sizes, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
         splits[split].write_parquet(out / f"{key}.parquet")
+    if w.import_model:  # a pretrained model, tool-aware, read through its own template
+        importer.bring_in(w.import_model, Path(paths["init_model"]))
+        chat = ChatFormat.load(paths["init_model"])
+    else:
+        chat = ChatFormat.from_template(tokenizer.CHAT_TEMPLATE, tokenizer.SPECIAL_TOKENS, "the tiny world's template")
+    opens_reason = chat.prompt("").endswith(REASON_OPEN)
     sft = sft_data.build(splits["sft"], cfg.sft.mix, cfg.seed, cfg.sft.system_prompt_frac, cfg.sft.mix_by_kind,
-                         cfg.rollout.tool_response_chars)
+                         cfg.rollout.tool_response_chars, opens_reason)
     if not cfg.sft.data:
         transcripts.write(sft, paths["sft_data"])
-    chat = ChatFormat.from_template(tokenizer.CHAT_TEMPLATE, tokenizer.SPECIAL_TOKENS, "the tiny world's template")
-    corpus = ["".join(text for text, _ in chat.segments(row["messages"])) for row in sft]  # the streams SFT sees
-    tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
-    model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed, Path(paths["init_model"]))
+    if not w.import_model:
+        corpus = ["".join(text for text, _ in chat.segments(row["messages"])) for row in sft]  # the streams SFT sees
+        tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
+        model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed,
+                     Path(paths["init_model"]))
     return paths
 
 

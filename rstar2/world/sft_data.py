@@ -23,7 +23,7 @@ import polars as pl
 from rstar2.rollout.chat import prompt_messages, tool_call
 from rstar2.sandbox import ExecResult
 from rstar2.sandbox.zygote import CODE_NAME
-from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE
+from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE, REASON_OPEN
 from rstar2.rollout.tool_parser import format_tool_response
 
 MODES = ("clean", "buggy_fix", "recover", "no_tool", "format_slip")
@@ -36,7 +36,7 @@ _NO_TOOL = "I can compute this directly."
 def _restate(prompt: str) -> str:
     """Reasoning that first restates the problem's numbers. Copying a number twice, the second time from a nearby
     ordered list, is learned ~600 SFT steps earlier than copying straight into code (measured on the tiny world)."""
-    nums = re.findall(r"\d+", prompt)
+    nums = re.findall(r"\d+(?:\.\d+)?", prompt)  # 0.25 as one number (the tiny world's prompts have no decimals)
     return f"The number is {nums[0]}." if len(nums) == 1 else f"The numbers are {', '.join(nums)}."
 
 
@@ -78,13 +78,15 @@ def _answer(answer: str) -> str:
 
 
 def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random, system: bool = True,
-               tool_chars: int = 512) -> list[dict]:
+               tool_chars: int = 512, opens_reason: bool = True) -> list[dict]:
     """The messages of one SFT example for `mode` (one of MODES). Assistant turns continue the `<reason>` block the
-    world's generation prompt opens; `tool_chars` is the rollout's cap on a tool reply (rollout.tool_response_chars),
+    world's generation prompt opens (`opens_reason`; else each turn opens it itself); `tool_chars` is the rollout's cap on a tool reply (rollout.tool_response_chars),
     so the recover mode's failure reply is the one RL would show."""
     msgs = prompt_messages(prompt, system)
 
     def say(content: str, call: str | None = None) -> None:
+        if not opens_reason:  # the template's generation prompt does not open <reason>: the turn does
+            content = REASON_OPEN + (content.rstrip("\n") if call else content)
         msgs.append({"role": "assistant", "content": content, **({"tool_calls": [tool_call(call)]} if call else {})})
 
     def tool(text: str) -> None:
@@ -122,12 +124,13 @@ def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random,
 
 
 def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac: float = 1.0,
-          mix_by_kind: dict[str, dict[str, float]] | None = None, tool_chars: int = 512) -> list[dict]:
+          mix_by_kind: dict[str, dict[str, float]] | None = None, tool_chars: int = 512,
+          opens_reason: bool = True) -> list[dict]:
     """One transcript per problem row, modes drawn from `mix` (weights need not sum to 1), or from
     `mix_by_kind[source]` for the kinds it names: a real SFT'd policy's noise is not uniform (it trusts itself on
     problems that look easy). A `system_frac` share carries the system prompt. Leaving it out of most SFT examples
     halves their length, so a CPU budget sees twice the examples; the format and tool protocol do not depend on it.
-    `tool_chars`: see `transcript`."""
+    `tool_chars`, `opens_reason`: see `transcript`."""
     mixes = {None: _checked(mix), **{k: _checked(m) for k, m in (mix_by_kind or {}).items()}}
     r = random.Random(seed)
     rows = []
@@ -135,7 +138,7 @@ def build(problems: pl.DataFrame, mix: dict[str, float], seed: int, system_frac:
         modes, weights = mixes.get(p.get("source"), mixes[None])
         mode = r.choices(modes, weights)[0]
         msgs = transcript(p["prompt"], p["answer"], p["solution_code"], mode, r, system=r.random() < system_frac,
-                          tool_chars=tool_chars)
+                          tool_chars=tool_chars, opens_reason=opens_reason)
         rows.append(dict(problem_id=p["problem_id"], mode=mode, messages=msgs))
     return rows
 
