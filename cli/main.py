@@ -58,6 +58,8 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
         return
     summary = _stopped(lambda: campaign_flow(params))
     console.print(tables.campaign_table(summary, preset))
+    if "suites_sft" in summary:
+        console.print(tables.suites_table(summary))
     for s in summary["by_seed"]:
         console.print(f"stages (rl_seed {s['rl_seed']}): " + ", ".join(f"{k} (ended: {v})"
                                                                      for k, v in s["stages"].items()))
@@ -66,14 +68,16 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
 
 
 def _stopped(run_flow: Callable[[], dict]) -> dict:
-    """A campaign flow's summary; a run the preflight refused, or one a run-stopping check stopped, ends the command
-    with that check's one line (under Prefect's log of it), anything else with its traceback."""
+    """A campaign flow's summary; a run the preflight refused (or its tracking: a run resumed with other settings), or
+    one a run-stopping check stopped, ends the command with that check's one line (under Prefect's log of it),
+    anything else with its traceback."""
     from rstar2.run.preflight import PreflightError
+    from rstar2.run.tracking import ChangedParams
 
     try:
         return run_flow()
     except Exception as e:  # noqa: BLE001 - sorted below: one line for the checks' own errors
-        refused = _in_chain(e, (PreflightError,))
+        refused = _in_chain(e, (PreflightError, ChangedParams))
         if refused is not None:
             fail(refused, 1)
         if (stop := _run_stop(e)) is None:

@@ -34,6 +34,21 @@ def campaign_table(summary: dict, preset: str) -> Table:
                       f" ({lo:+.3f}, {hi:+.3f})", style="bold")
     return table
 
+def suites_table(summary: dict) -> Table:
+    """eval.suites beside a campaign's headline split (eval.also_split): each suite's pass@1 ± se per checkpoint."""
+    rows = ([("imported model as it came", summary["suites_instruct"])] if "suites_instruct" in summary else []) + \
+        [("SFT", summary["suites_sft"])] + [(f"after RL, rl_seed {s['rl_seed']}", s.get("suites", {}))
+                                            for s in summary["by_seed"]]
+    names = list(summary["suites_sft"])
+    table = Table(title="evaluation suites: pass@1 ± standard error over problems (samples x problems)")
+    for col in ("checkpoint", *names):
+        table.add_column(col, justify="left" if col == "checkpoint" else "right")
+    for label, suites in rows:
+        table.add_row(label, *(f"{_pm(suites[n])} ({suites[n]['samples']} x {suites[n]['problems']})" if n in suites
+                               else "-" for n in names))
+    return table
+
+
 def worlds_table(summary: dict, preset: str) -> Table:
     """One row per (world seed, RL seed): the world's SFT pass@1, after RL, the gain; then every gain's mean with
     min, max, the interval over runs and the interval over world means."""

@@ -48,7 +48,8 @@ class CampaignParams(BaseModel):
     parent_mlflow_run_id: str | None = None  # nest this campaign's MLflow run (flows/campaign_worlds.py's worlds)
 
 
-EVAL_KEYS = ("pass1", "pass1_se", "problems", "samples")  # with pass_at_{k}: what a seed reports of its evaluation
+EVAL_KEYS = ("pass1", "pass1_se", "problems", "samples", "suites")  # with pass_at_{k}: what a seed reports of its
+# evaluation (suites: each of eval.suites' figures, where the headline is the world's split: eval.also_split)
 
 
 @flow(name="rl-seed", flow_run_name="seed-{cfg.rl_seed}")
@@ -113,7 +114,8 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
         first = by_seed[0]
         summary = {"run_dir": str(layout.top), "mlflow_run_id": run.mlflow_run_id, "steps": first["steps"],
                    "final_checkpoint": first["final_checkpoint"], "stages": first["stages"],
-                   **report.seed_aggregate(before, by_seed), **came, "eval_split": _headline(cfg),
+                   **report.seed_aggregate(before, by_seed), **came,
+                   **({"suites_sft": before["suites"]} if "suites" in before else {}), "eval_split": _headline(cfg),
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
                    "wall_s": time.perf_counter() - t0}
         campaign_report(run, summary)
@@ -128,7 +130,8 @@ def _as_it_came(cfg: RunCfg, params: CampaignParams, run: RunRef) -> dict:
     if not _imported_and_trained(cfg, params):
         return {}
     came = evaluate_checkpoint(cfg, run, run.needs_world().init_model, f"instruct-{cfg.eval.split}", cfg.eval.split)
-    return {"pass1_instruct": came["pass1"], "pass1_instruct_se": came["pass1_se"]}
+    return {"pass1_instruct": came["pass1"], "pass1_instruct_se": came["pass1_se"],
+            **({"suites_instruct": came["suites"]} if "suites" in came else {})}
 
 
 def _imported_and_trained(cfg: RunCfg, params: CampaignParams) -> bool:
@@ -166,8 +169,9 @@ def _sft_model(cfg: RunCfg, params: CampaignParams, run: RunRef) -> str:
 
 
 def _headline(cfg: RunCfg) -> str:
-    """What the campaign's pass@1 before and after RL is measured on: the first of eval.suites, else the split."""
-    return cfg.eval.suites[0].name if cfg.eval.suites else cfg.eval.split
+    """What the campaign's pass@1 before and after RL is measured on: the first of eval.suites, else (or with
+    eval.also_split) the split."""
+    return cfg.eval.suites[0].name if cfg.eval.suites and not cfg.eval.also_split else cfg.eval.split
 
 
 def _summary_markdown(summary: dict, split: str) -> str:

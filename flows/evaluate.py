@@ -64,7 +64,8 @@ def evaluate_loaded(cfg: RunCfg, run: RunRef, model: rl.ModelRef, split: str, ou
     """Evaluate `model` (already in the engines) and record it in MLflow. Without eval.suites: the world's `split`,
     samples in `<out>.parquet`, figures as eval_<figure> (eval_<split>_<figure> for val). With suites: each suite
     (samples in `<out>/<suite>.parquet`), one table and eval/<suite>/<figure> metrics; the first suite's figures are
-    the headline returned (what a campaign compares before and after RL), all of them under "suites"."""
+    the headline returned (what a campaign compares before and after RL), all of them under "suites"; with
+    eval.also_split the world's `split` as well, as the headline."""
     if not cfg.eval.suites:
         result = rl.evaluate(run, cfg, model.dir, rl.EvalTable(uri=run.needs_world().split(split)), f"{out}.parquet")
         rl.log_evaluation(run, result, model, split)
@@ -74,7 +75,12 @@ def evaluate_loaded(cfg: RunCfg, run: RunRef, model: rl.ModelRef, split: str, ou
                                    str(Path(out) / f"{s.name}.parquet"))
                for s in cfg.eval.suites}
     rl.log_suites(run, results, model, Path(out).name)
-    headline = {**results[cfg.eval.suites[0].name], "suites": results}
+    if cfg.eval.also_split:  # the world's split is the headline, the suites are reported beside it
+        result = rl.evaluate(run, cfg, model.dir, rl.EvalTable(uri=run.needs_world().split(split)), f"{out}.parquet")
+        rl.log_evaluation(run, result, model, split)
+        headline = {**result, "suites": results}
+    else:
+        headline = {**results[cfg.eval.suites[0].name], "suites": results}
     # what runstate.evaluated looks for: this model's evaluation is done
     runstate.record(out, model.dir, headline)
     return headline
@@ -149,7 +155,7 @@ def _evaluate_model(cfg: RunCfg, run: RunLayout, model_dir: str, split: str) -> 
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"{model_dir} is not a Hugging Face model directory (it has no config.json)")
     with run_context(cfg, run, f"{run.name}-eval", {"kind": "evaluation", "preset": cfg.name},
-                     with_world=not cfg.eval.suites) as ref:
+                     with_world=not cfg.eval.suites or cfg.eval.also_split) as ref:
         rl.start_actors(ref, cfg, model_dir, with_trainer=False)
         return evaluate_checkpoint(cfg, ref, model_dir, result_name(model_dir, split), split)
 

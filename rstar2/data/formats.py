@@ -34,10 +34,10 @@ from rstar2.data.clean import normalise_answer, normalise_text
 from rstar2.reward import last_boxed
 
 CHAT_FORMATS = ("verl", "dapo")  # one reader: dapo is a verl file with DAPO's instructions
-PROBLEM_COLS = ("problem", "Problem", "question", "Question", "prompt")
-ANSWER_COLS = ("answer", "Answer")
+PROBLEM_COLS = ("problem", "Problem", "question", "Question", "prompt", "_text")  # _text, _answer: CHAMP's
+ANSWER_COLS = ("answer", "Answer", "_answer")
 SOLUTION_COLS = ("solution", "Solution")
-ID_COLS = ("problem_id", "id", "ID", "unique_id", "idx")
+ID_COLS = ("problem_id", "id", "ID", "unique_id", "idx", "identifier")
 CHOICE_COLS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 LETTERS = "ABCD"
 GSM8K_MARK = "####"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import polars as pl
 
+from rstar2.data import files
+
 COLUMNS = {"problem_id": pl.String, "prompt": pl.String, "answer": pl.String, "source": pl.String}
 REQUIRED = ("problem_id", "prompt", "answer")
 
@@ -54,18 +56,23 @@ def read_jsonl(path: Path) -> tuple[pl.DataFrame, list[int]]:
 
 
 def read_table(path: str | Path, allow_broken: bool = False) -> tuple[pl.DataFrame, list[int]] | pl.DataFrame:
-    """A Parquet or JSONL file as a frame; one clear error naming the file for anything else (another file type, an
+    """A Parquet or JSONL file (or a .json document of records: `read_json_document`) as a frame; one clear error naming the file for anything else (another file type, an
     unreadable file, a JSONL line that is not an object). `allow_broken`: return (frame, broken JSONL line numbers)
     instead of failing on such lines."""
-    p = Path(path)
+    try:
+        p = files.resolve(path)  # a path, or pkg:<module>/<file> inside an installed distribution
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
     if not p.is_file():
-        raise ValueError(f"{p}: no such file")
+        raise ValueError(f"{path}: no such file")
     if p.suffix not in (".parquet", *JSONL):
         raise ValueError(f"{p}: unknown file type {p.suffix!r}; problem tables are .parquet or .jsonl")
     try:
         df, broken = (pl.read_parquet(p), []) if p.suffix == ".parquet" else read_jsonl(p)
     except Exception as e:  # noqa: BLE001 - the reader's own message, with the file named
         raise ValueError(f"{p}: cannot be read as {p.suffix[1:]} ({str(e).splitlines()[0]})") from e
+    if broken and df.width == 0 and p.suffix == ".json":  # one JSON document, not JSON lines
+        df, broken = read_json_document(p), []
     if broken and df.width == 0:  # not one object: not JSONL at all (e.g. one pretty-printed JSON document)
         raise ValueError(f"{p}: no line is a JSON object (JSONL holds one object a line), e.g. line {broken[0]}")
     if allow_broken:
@@ -73,6 +80,25 @@ def read_table(path: str | Path, allow_broken: bool = False) -> tuple[pl.DataFra
     if broken:
         raise ValueError(f"{p}: line(s) {broken[:5]} are not JSON objects")
     return df
+
+
+def read_json_document(path: Path) -> pl.DataFrame:
+    """One JSON document of records: a list of objects, or an object holding them under `problems`, `data` or
+    `rows` as a list or as a mapping id -> object (CHAMP's `dataset_files/v0.json`; the key becomes `id` where the
+    object has none); one clear error naming the file for anything else."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))
+    except ValueError as e:
+        raise ValueError(f"{path}: neither JSON lines nor one JSON document ({e})") from None
+    if isinstance(doc, dict):
+        doc = next((doc[k] for k in ("problems", "data", "rows") if isinstance(doc.get(k), (list, dict))), doc)
+    if isinstance(doc, dict) and doc and all(isinstance(v, dict) for v in doc.values()):
+        doc = [{"id": k, **v} if "id" not in v else v for k, v in doc.items()]
+    if not isinstance(doc, list) or not doc or not all(isinstance(r, dict) for r in doc):
+        raise ValueError(f"{path}: a JSON document of records is a list of objects, or an object holding them under "
+                         "`problems`, `data` or `rows`")
+    flat = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()} for r in doc]  # nested
+    return pl.DataFrame([_strings(r) for r in flat], infer_schema_length=None)  # fields kept as JSON text
 
 
 def malformed(df: pl.DataFrame) -> pl.Expr:

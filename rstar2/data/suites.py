@@ -24,7 +24,8 @@ def _layout(raw: pl.DataFrame, path: str) -> str:
 
 
 def load(suite: SuiteCfg, seed: int = 0) -> pl.DataFrame:
-    """The suite's problems (problem_id, prompt, answer, source = the suite's name)."""
+    """The suite's problems (problem_id, prompt, answer, source = the suite's name); `suite.max_problems` of them
+    drawn with `seed` where it is set."""
     raw = schema.read_table(suite.path)
     fmt = "choice" if suite.answer_type == "choice" else _layout(raw, suite.path)
     df, bad, _ = formats.convert(raw, fmt, suite.path, seed)
@@ -35,7 +36,10 @@ def load(suite: SuiteCfg, seed: int = 0) -> pl.DataFrame:
         if odd.height:
             raise ValueError(f"suite {suite.name} ({suite.path}): answer_type is integer but {odd.height} answer(s) "
                              f"are not, e.g. {odd['answer'].head(2).to_list()} (use answer_type: math)")
-    return schema.validate(df.with_columns(source=pl.lit(suite.name)), suite.path)
+    df = schema.validate(df.with_columns(source=pl.lit(suite.name)), suite.path)
+    if suite.max_problems and suite.max_problems < df.height:  # a seeded subset, in the file's order
+        df = df.with_row_index("_i").sample(suite.max_problems, seed=seed).sort("_i").drop("_i")
+    return df
 
 
 def problems(suites: list[SuiteCfg], seed: int = 0) -> dict[str, str]:

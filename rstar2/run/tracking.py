@@ -146,8 +146,23 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+class ChangedParams(ValueError):
+    """A run resumed (found by its key) with settings other than those it was started with."""
+
+
 def log_params(run_id: str, params: dict) -> None:
-    items = [Param(k, v) for k, v in flatten(params).items()]
+    """The run's settings, once: a run found again (a retry, the same command again) must have the same ones, else one
+    error naming what changed (MLflow keeps a run's params fixed)."""
+    flat = flatten(params)
+    logged = client().get_run(run_id).data.params
+    changed = {k: (logged[k], str(v)) for k, v in flat.items() if k in logged and logged[k] != str(v)}
+    if changed:
+        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(changed.items())[:6])
+        raise ChangedParams(f"MLflow run {run_id} ({client().get_run(run_id).data.tags.get('rstar2.key')}) was started "
+                            f"with other settings ({what}{', ...' if len(changed) > 6 else ''}): resume it with its "
+                            "own, or start a new run (another run name, or delete the run directory and this MLflow "
+                            "run)")
+    items = [Param(k, v) for k, v in flat.items() if k not in logged]
     for i in range(0, len(items), 100):
         client().log_batch(run_id, params=items[i:i + 100])
 

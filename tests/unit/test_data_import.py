@@ -91,7 +91,7 @@ def test_a_file_in_no_known_format_names_the_file_and_its_columns(tmp_path):
     (tmp_path / "odd.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match=r"odd\.csv: unknown file type '\.csv'"):
         importer.import_problems(str(tmp_path / "odd.csv"))
-    with pytest.raises(ValueError, match=r"f\.jsonl: the plain layout needs the answer column \(one of answer, Answer\)"):
+    with pytest.raises(ValueError, match=r"f\.jsonl: the plain layout needs the answer column \(one of answer, Answer, _answer\)"):
         formats.require(pl.DataFrame({"problem": ["x"]}), "plain", "f.jsonl")
 
 
@@ -146,4 +146,4 @@ def test_cli_writes_the_table_the_report_and_logs_the_dataset_to_mlflow(tmp_path
                              "tags.kind = 'data-import'")[0]
     assert run.inputs.dataset_inputs[0].dataset.name == "train" and run.data.metrics["dropped_near_duplicate"] == 1
     bad = CliRunner().invoke(app, ["data", "import", str(tmp_path / "r.json"), "--out", str(out)])
-    assert bad.exit_code == 2 and "r.json: no line is a JSON object" in bad.output
+    assert bad.exit_code == 2 and "r.json: a JSON document of records is a list of objects" in bad.output

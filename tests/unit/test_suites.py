@@ -100,3 +100,35 @@ def test_evaluate_refuses_a_directory_that_is_not_a_model(tmp_path):
 
     res = CliRunner().invoke(app, ["evaluate", "--model", str(tmp_path), "--set", f"out_dir={tmp_path}"])
     assert res.exit_code == 2 and "is not a Hugging Face model directory (it has no config.json)" in res.output
+
+
+def test_json_documents_of_records_and_champs_file(tmp_path):
+    as_list = tmp_path / "list.json"
+    as_list.write_text(json.dumps([{"question": "What is 2 + 2?", "answer": 4}, {"question": "And 3 + 3?", "answer": 6}],
+                                  indent=2))
+    df = suites.load(SuiteCfg(name="l", path=str(as_list), answer_type="integer"))
+    assert df["answer"].to_list() == ["4", "6"] and df["problem_id"].n_unique() == 2
+    # CHAMP's layout: problems keyed by identifier, `_text` and `_answer`, nested fields beside them
+    champ = tmp_path / "v0.json"
+    champ.write_text(json.dumps({"problems": {
+        "P_Sequence_1": {"identifier": "P_Sequence_1", "_text": "Sum 1..n?", "_answer": "n(n+1)/2",
+                         "solution": {"steps": [{"_text": "pair them"}]}},
+        "P_Sequence_2": {"identifier": "P_Sequence_2", "_text": "Sum 1..10?", "_answer": "55", "solution": {}}},
+        "concepts": {}}, indent=1))
+    df = suites.load(SuiteCfg(name="champ", path=str(champ)))
+    assert df.select("problem_id", "prompt", "answer").rows() == [("P_Sequence_1", "Sum 1..n?", "n(n+1)/2"),
+                                                                  ("P_Sequence_2", "Sum 1..10?", "55")]
+    (tmp_path / "bad.json").write_text(json.dumps({"answer": 3, "note": "x"}, indent=1))  # one object, no records
+    with pytest.raises(ValueError, match="bad.json: a JSON document of records"):
+        suites.load(SuiteCfg(name="b", path=str(tmp_path / "bad.json")))
+
+
+def test_a_suite_from_an_installed_package_and_a_seeded_subset():
+    champ = SuiteCfg(name="champ", path="pkg:champ_dataset/dataset_files/v0.json", answer_type="math")
+    whole = suites.load(champ)
+    assert whole.height == 270 and whole["problem_id"].str.starts_with("P_").all()
+    part = suites.load(champ.model_copy(update={"max_problems": 20}), seed=3)
+    assert part.height == 20 and set(part["problem_id"]) <= set(whole["problem_id"])
+    assert part.equals(suites.load(champ.model_copy(update={"max_problems": 20}), seed=3))  # a function of the seed
+    with pytest.raises(ValueError, match="no installed package 'not_a_package'"):
+        suites.load(SuiteCfg(name="x", path="pkg:not_a_package/x.json"))

@@ -97,3 +97,15 @@ def test_a_resumed_stage_logs_the_committed_steps_mlflow_never_got_once(tmp_path
     history = tracking.client().get_metric_history(stage, "loss")
     assert sorted((m.step, m.value) for m in history) == [(11, -1), (12, -2), (13, -3)]
     assert [(m.step, m.value) for m in tracking.client().get_metric_history(parent, "reward_mean")] == [(12, 0.2)]
+
+
+def test_a_run_found_again_with_other_settings_is_one_error_naming_them(tmp_path, monkeypatch):
+    from rstar2.run import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = tracking.setup("changed", str(tmp_path))
+    run = tracking.find_or_create_run(exp, "r", "runs/r")
+    tracking.log_params(run, {"world": {"n_sft": 240}, "seed": 0})
+    tracking.log_params(tracking.find_or_create_run(exp, "r", "runs/r"), {"world": {"n_sft": 240}, "seed": 0})
+    with pytest.raises(tracking.ChangedParams, match=r"started with other settings \(world.n_sft 240 -> 200\)"):
+        tracking.log_params(tracking.find_or_create_run(exp, "r", "runs/r"), {"world": {"n_sft": 200}, "seed": 0})
