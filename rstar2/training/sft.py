@@ -4,9 +4,10 @@ headers and tool responses are masked.
 Transcripts are chat messages (rstar2.training.transcripts: the common messages layout with tool calls), rendered with
 the model's own chat template as the token streams RL rolls out (rstar2.rollout.chat.ChatFormat.segments), tokenised
 segment by segment (the rollout tokenises its prompt, the model's turns and the tool turns apart too). Batches are
-right-padded buckets of similar length, or packed rows (`packed`), both through rstar2.training.batching as the RL
-trainer's; the LM head runs only on the hidden states that predict an assistant token (about 40% of positions in the
-tiny world's transcripts)."""
+right-padded buckets of similar length, or packed rows (`packed`: the opening that transcripts share, the system turn
+with its tools block, stored and computed once a row), both through rstar2.training.batching as the RL trainer's;
+the LM head runs only on the hidden states that predict an assistant token (about 40% of positions in the tiny
+world's transcripts)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,42 @@ def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[li
     return ids, masks
 
 
-def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Random | None = None) -> list[list[int]]:
-    """One pass over the data: buckets of similar length, or packed rows in a shuffled order."""
+MIN_SHARED = 32  # tokens: a shorter common opening is not worth storing once
+
+
+def shared_openings(ids: list[list[int]], masks: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(prefix length, group) per transcript: transcripts that open with the same untrained tokens (the system turn
+    and its tools block, the same text in every transcript that has it) form a group, and their common opening, up
+    to the first trained token of any member, is what a packed row stores and computes once for the group's members
+    in it (rstar2.training.batching.collate); the rest of a transcript attends to that copy. A transcript that
+    shares fewer than MIN_SHARED tokens with every group is a group of its own (prefix 0)."""
+    first = [m.index(1) if 1 in m else len(m) for m in masks]
+    reps: list[list[int]] = []  # [representative, common length] per group
+    group = []
+    for i, x in enumerate(ids):
+        for g, (r, p) in enumerate(reps):
+            n = 0
+            limit = min(p, first[i])
+            while n < limit and x[n] == ids[r][n]:
+                n += 1
+            if n >= MIN_SHARED:
+                reps[g][1] = n
+                group.append(g)
+                break
+        else:
+            reps.append([i, first[i]])
+            group.append(len(reps) - 1)
+    sizes = [group.count(g) for g in range(len(reps))]
+    return [reps[g][1] if sizes[g] > 1 else 0 for g in group], group
+
+
+def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Random | None = None,
+             openings: tuple[list[int], list[int]] | None = None) -> list[list[int]]:
+    """One pass over the data: buckets of similar length, or packed rows in a shuffled order (each group's common
+    opening counted once a row: `shared_openings`)."""
     if not packed:
         return token_budget_batches(lengths, batch_tokens, rng)
-    rows = pack_rows(lengths, batch_tokens)
+    rows = pack_rows(lengths, batch_tokens, *(openings or (None, None)))
     if rng is not None:
         rng.shuffle(rows)
     return rows
@@ -75,7 +107,8 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
         use_varlen_attention(model)
     ids, masks = tokenize(chat, transcripts.read(data))
     lengths = [len(x) for x in ids]
-    n_batches = len(_batches(lengths, batch_tokens, packed))
+    openings = shared_openings(ids, masks) if packed else None
+    n_batches = len(_batches(lengths, batch_tokens, packed, None, openings))
     total = max(1, int(n_batches * epochs))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
@@ -84,10 +117,11 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     model.train()
     step, tokens, t0, loss_ema = 0, 0, time.perf_counter(), float("nan")
     while step < total:
-        for batch in _batches(lengths, batch_tokens, packed, rng):
+        for batch in _batches(lengths, batch_tokens, packed, rng, openings):
             if step >= total:
                 break
-            mb = collate(ids, masks, batch, _pad_id(tok), packed).to(dv)  # (B, T) rows or (1, T) packed; N loss tokens
+            mb = collate(ids, masks, batch, _pad_id(tok), packed,  # (B, T) rows or (1, T) packed; N loss tokens
+                         openings[0] if packed else None).to(dv)
             with dev.autocast(dv, dtype):
                 logp, _ = loss_token_logprobs(model, mb)  # (N,)
             loss = -logp.mean() if logp.numel() else logp.sum()  # mean over assistant tokens

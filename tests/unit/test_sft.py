@@ -74,3 +74,32 @@ def test_rstar2_sft_refuses_bad_input_with_one_clear_error(tmp_path, qwen_model_
     res = _sft(tmp_path, qwen_model_dir, data, tmp_path / "full")
     assert res.exit_code == 2 and "exists and is not empty" in res.output
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+def test_shared_openings_by_hand():
+    from rstar2.training.sft import MIN_SHARED, shared_openings
+
+    head = list(range(100, 100 + MIN_SHARED + 8))  # an untrained opening of 40 tokens the first three share
+    ids = [head + [1, 2, 3], head + [1, 9, 9, 9], head[:-2] + [5, 6], [7] * 50]
+    masks = [[0] * (len(head) + 1) + [1, 1], [0] * (len(head) + 2) + [1, 1], [0] * len(head) + [1], [0] * 49 + [1]]
+    lens, groups = shared_openings(ids, masks)
+    # the common opening of all three is head[:-2] (38 tokens); the fourth shares nothing: a group of its own
+    assert lens == [MIN_SHARED + 6] * 3 + [0] and groups == [0, 0, 0, 1]
+
+
+def test_a_shared_opening_is_computed_once_and_changes_no_loss(qwen_model_dir):
+    """The packed rows with the opening stored once give the loss of the same transcripts packed whole."""
+    from rstar2.training import sft
+    from rstar2.training.batching import collate, loss_token_logprobs, use_varlen_attention
+
+    chat = ChatFormat.load(qwen_model_dir)
+    ids, masks = sft.tokenize(chat, [r["messages"] for r in _rows(4)])
+    lens, groups = sft.shared_openings(ids, masks)
+    assert len(set(groups)) == 1 and lens[0] >= sft.MIN_SHARED  # the system turn with the tools block
+    model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32)
+    use_varlen_attention(model)
+    shared, whole = collate(ids, masks, [0, 1, 2, 3], 0, True, lens), collate(ids, masks, [0, 1, 2, 3], 0, True)
+    assert shared.ids.shape[1] == whole.ids.shape[1] - 3 * lens[0]  # stored once for the four
+    with torch.no_grad():
+        a, b = loss_token_logprobs(model, shared)[0], loss_token_logprobs(model, whole)[0]
+    assert torch.allclose(a, b, atol=1e-4)
