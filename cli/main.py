@@ -63,6 +63,8 @@ def campaign(preset: str = typer.Option("tiny", help="preset name or YAML path")
     for s in summary["by_seed"]:
         console.print(f"stages (rl_seed {s['rl_seed']}): " + ", ".join(f"{k} (ended: {v})"
                                                                      for k, v in s["stages"].items()))
+    if summary.get("speed"):
+        console.print(tables.speed_line(summary["speed"]))
     console.print(f"wall time {summary['wall_s']:.0f} s; run dir {summary['run_dir']}")
     _write_json(json_path, summary)
 

@@ -34,6 +34,18 @@ def campaign_table(summary: dict, preset: str) -> Table:
                       f" ({lo:+.3f}, {hi:+.3f})", style="bold")
     return table
 
+def speed_line(speed: dict) -> str:
+    """The campaign's SFT and its first seed's mean RL step, in one line."""
+    parts = []
+    if "sft_tokens_per_s" in speed:
+        parts.append(f"SFT {speed['sft_tokens_per_s']:.0f} tokens/s ({speed['sft_s']:.0f} s)")
+    if "rl_steps" in speed:
+        parts.append(f"RL step (mean of {speed['rl_steps']}): rollout {speed['rollout_s']:.0f} s "
+                     f"({speed['rollout_tokens_per_s']:.0f} generated tokens/s), update {speed['update_s']:.0f} s "
+                     f"({speed['update_tokens_per_s']:.0f} tokens/s)")
+    return "speed: " + "; ".join(parts) if parts else "speed: nothing measured"
+
+
 def suites_table(summary: dict) -> Table:
     """eval.suites beside a campaign's headline split (eval.also_split): each suite's pass@1 ± se per checkpoint."""
     rows = ([("imported model as it came", summary["suites_instruct"])] if "suites_instruct" in summary else []) + \

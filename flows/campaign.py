@@ -117,6 +117,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
                    **report.seed_aggregate(before, by_seed), **came,
                    **({"suites_sft": before["suites"]} if "suites" in before else {}), "eval_split": _headline(cfg),
                    "eval_samples": cfg.eval.samples, "eval_problems": first["problems"],
+                   "speed": runstate.speed(layout.for_seed(seeds[0].rl_seed, params.seeds), cfg),
                    "wall_s": time.perf_counter() - t0}
         campaign_report(run, summary)
         layout.summary.write_text(json.dumps(summary, indent=1))

@@ -69,7 +69,7 @@ OPT_IN = ("ui", "docker", "gpu")
 LONGEST_S = {"flows/test_kill_retry.py": 300, "serve/test_serve_e2e.py": 240, "flows/test_campaign_e2e.py": 110,
              "engine/test_zero_ranks.py": 105, "flows/test_world_seeds.py": 75, "engine/test_collective_sync.py": 70,
              "flows/test_seeds.py": 67, "flows/test_own_model.py": 66, "engine/test_engine_actor.py": 66,
-             "flows/test_two_nodes.py": 54}
+             "flows/test_two_nodes.py": 54, "flows/test_smollm2_gsm.py": 300, "unit/test_models.py": 80}
 
 
 def _order(item) -> tuple:

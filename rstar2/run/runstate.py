@@ -111,3 +111,23 @@ def final_model(run: RunLayout, cfg: RunCfg, sft_model: str) -> str | None:
 def evaluated(run: RunLayout, model_dir: str | Path, split: str) -> bool:
     """Whether an evaluation of `model_dir` on `split` is recorded in the run, under any name."""
     return any(recorded(f.with_suffix(""), model_dir) is not None for f in run.eval_records(split))
+
+
+def speed(run: RunLayout, cfg: RunCfg) -> dict:
+    """What the run's SFT and each RL step took, from its committed files: the SFT's tokens per second and seconds
+    (its sft_result.json), and over the RL steps that updated (their checkpoints' figures) the mean seconds of the
+    rollout and of the update, the rollout's generated tokens per second and the update's tokens per second."""
+    out = {}
+    sft = run.sft / "sft_result.json"
+    if sft.is_file():
+        res = json.loads(sft.read_text())
+        out.update(sft_tokens_per_s=res["tokens_per_s"], sft_s=res["wall_s"])
+    steps = [checkpoint.manifest(d).get("metrics", {}) for s in cfg.stages for d in committed_steps(run, s)]
+    steps = [m for m in steps if m.get("update_s")]
+    if steps:
+        mean = lambda f: sum(f(m) for m in steps) / len(steps)  # noqa: E731
+        out.update(rl_steps=len(steps), rollout_s=mean(lambda m: m["rollout_s"]),
+                   rollout_tokens_per_s=mean(lambda m: m["rollout_tokens_per_s"]),
+                   update_s=mean(lambda m: m["update_s"]),
+                   update_tokens_per_s=mean(lambda m: m["update_tokens"] / m["update_s"]))
+    return out

@@ -31,3 +31,22 @@ def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(t
         assert RunLayout.config_of(model) == run / "config.json"
     (tmp_path / "hf").mkdir()
     assert RunLayout.config_of(tmp_path / "hf") is None
+
+
+def test_speed_from_the_committed_sft_and_steps(tmp_path):
+    import json
+
+    from rstar2.run import checkpoint
+
+    cfg = config.load("tiny", [f"out_dir={tmp_path}", "stages=[{name: s1, steps: 3, prompts_per_step: 2}]"])
+    run = RunLayout.of(tmp_path, "r")
+    run.sft.mkdir(parents=True)
+    (run.sft / "sft_result.json").write_text(json.dumps({"tokens_per_s": 250.0, "wall_s": 400.0}))
+    steps = [{"rollout_s": 100.0, "rollout_tokens_per_s": 200.0, "update_s": 20.0, "update_tokens": 5000},
+             {"rollout_s": 60.0, "rollout_tokens_per_s": 300.0, "update_s": 30.0, "update_tokens": 9000},
+             {"rollout_s": 50.0, "rollout_tokens_per_s": 100.0, "update_s": 0.0, "skipped": 1}]  # no update: left out
+    for i, m in enumerate(steps, 1):
+        checkpoint.commit(run.checkpoint("s1", i), lambda d: None, {"metrics": m})
+    assert runstate.speed(run, cfg) == {"sft_tokens_per_s": 250.0, "sft_s": 400.0, "rl_steps": 2, "rollout_s": 80.0,
+                                        "rollout_tokens_per_s": 250.0, "update_s": 25.0,
+                                        "update_tokens_per_s": (250 + 300) / 2}
