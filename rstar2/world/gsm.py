@@ -4,9 +4,8 @@ generator of a question, its integer answer and a worked solution, `answer_cot`,
 Splits by template: `test` comes from templates never trained on (a seeded `held_out` share of the usable
 templates: held-out problem types), `sft`, `train` and `val` from the others, each drawn with its own seed and
 disjoint by prompt text. Only integer answers are kept (the paper's RL filter). Each problem's `solution_code` is
-its worked solution as Python: the numbers the question states assigned to the template's own names for them, a
-variable per step (the template's name for its result where it has one), a number that an earlier step computed
-read from that step's variable, and the answer printed; it is run here and kept only when it prints the
+its worked solution as Python: a variable per step, a number that an earlier step computed (and the question does
+not state) read from that step's variable, and the answer printed; it is run here and kept only when it prints the
 answer (the SFT transcripts call the tool with it; rstar2.world.sft_data). reasoning-gym is imported only here, when
 such a world is made.
 """
@@ -74,20 +73,9 @@ def step_expression(line: str) -> tuple[str, float] | None:
     return (expr, want) if ok else None
 
 
-def solution_code(question: str, cot: str, answer: str, variables: dict | None = None) -> str | None:
-    """The worked solution as Python (see the module docstring), or None where its steps do not reach the answer.
-    With the template's `variables` (name -> value), the code names what it computes: a number the question states
-    that one variable holds is assigned to that name first, a step whose result a variable holds is stored under its
-    name (`max_capacity = capacity_per_tray * num_trays`); other numbers and steps stay as written and `x<k>`."""
+def solution_code(question: str, cot: str, answer: str) -> str | None:
+    """The worked solution as Python (see the module docstring), or None where its steps do not reach the answer."""
     stated = set(_NUMBER.findall(question.replace(",", "")))
-    numeric = {k: float(v) for k, v in (variables or {}).items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and k.isidentifier()}
-    by_value: dict[str, list[str]] = {}
-    for k, v in numeric.items():
-        by_value.setdefault(_canon(v), []).append(k)
-    inputs = {_canon(float(t)): by_value[_canon(float(t))][0] for t in stated
-              if len(by_value.get(_canon(float(t)), [])) == 1}  # a stated number exactly one variable holds
-    assigned: dict[str, str] = {}  # input name -> its number as the question writes it
     lines, known = [], {}  # known: a computed value's text -> the variable holding it
     for line in cot.splitlines():
         step = step_expression(line)
@@ -96,23 +84,16 @@ def solution_code(question: str, cot: str, answer: str, variables: dict | None =
         expr, value = step
 
         def reuse(m: re.Match) -> str:
-            text, key = m.group(), _canon(float(m.group()))
-            if text not in stated:
-                return known.get(key, text)
-            if key in inputs:
-                assigned.setdefault(inputs[key], text)
-                return inputs[key]
-            return text
+            text = m.group()
+            return known.get(_canon(float(text)), text) if text not in stated else text
 
-        body = _NUMBER.sub(reuse, expr)
-        named = [k for k in by_value.get(_canon(value), []) if k not in assigned and k not in known.values()]
-        name = named[0] if named and _canon(value) not in inputs else f"x{len(lines) + 1}"
-        lines.append(f"{name} = {body}")
+        name = f"x{len(lines) + 1}"
+        lines.append(f"{name} = {_NUMBER.sub(reuse, expr)}")
         known[_canon(value)] = name
     if not lines:
         return None
     last = lines[-1].split(" = ")[0]
-    code = "\n".join([f"{k} = {v}" for k, v in assigned.items()] + lines + [f"print(round({last}))"])
+    code = "\n".join(lines + [f"print(round({last}))"])
     return code if run(code) == answer else None
 
 
@@ -153,7 +134,7 @@ def generate(seed: int, sizes: dict[str, int], held_out: float) -> dict[str, pl.
             prompt, answer = item["question"], str(item["answer"]).replace(",", "")
             if prompt in seen or not clean.is_integer(answer):
                 continue
-            code = solution_code(prompt, item["metadata"]["answer_cot"], answer, item["metadata"].get("variables"))
+            code = solution_code(prompt, item["metadata"]["answer_cot"], answer)
             if split == "sft" and code is None:
                 continue
             seen.add(prompt)

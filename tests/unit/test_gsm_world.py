@@ -38,23 +38,6 @@ def test_a_solution_as_python_reads_earlier_steps_from_their_variables():
     assert gsm.solution_code(question, "Sophia ate them all.\n#### 29", "29") is None
 
 
-def test_with_the_templates_variables_the_code_names_what_it_computes():
-    question = ("John places bananas on the basket. Each basket can hold 28 bananas. If he has 132 bananas and 4 "
-                "baskets, how many bananas won't he be able to place on the basket?")
-    cot = ("John will be able to place a total of 28 x 4 = 112 bananas.\n"
-           "Therefore, there are 132 - 112 = 20 bananas that he won't be able to place on the basket.\n#### 20")
-    variables = {"name": "John", "capacity_per_tray": 28, "total_items": 132, "num_trays": 4, "max_capacity": 112,
-                 "leftover": 20}
-    assert gsm.solution_code(question, cot, "20", variables) == (
-        "capacity_per_tray = 28\nnum_trays = 4\ntotal_items = 132\nmax_capacity = capacity_per_tray * num_trays\n"
-        "leftover = total_items - max_capacity\nprint(round(leftover))")
-    # a stated number two variables hold is left as written; a step no variable holds is x<k>
-    twice = {**variables, "num_trays": 4, "spare": 4, "leftover": 99}
-    assert gsm.solution_code(question, cot, "20", twice) == (
-        "capacity_per_tray = 28\ntotal_items = 132\nmax_capacity = capacity_per_tray * 4\n"
-        "x2 = total_items - max_capacity\nprint(round(x2))")
-
-
 def test_splits_hold_out_whole_templates():
     sizes = {"sft": 40, "train": 60, "val": 20, "test": 30}
     splits = gsm.generate(0, sizes, held_out=0.2)
