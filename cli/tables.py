@@ -7,7 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 def campaign_table(summary: dict, preset: str) -> Table:
-    """The imported model as it came (where there is one), SFT, one row per RL seed, and with several seeds their mean with min, max and 95 % interval over seeds;
+    """The imported model as it came (where there is one), SFT, one row per RL seed, and with several seeds their
+    mean with min, max and 95 % interval over seeds;
     pass@1 ± its standard error over problems, pass@k."""
     ks = sorted(int(k.removeprefix("pass_at_").removesuffix("_sft")) for k in summary
                 if k.startswith("pass_at_") and k.endswith("_sft"))[1:]

@@ -1,6 +1,6 @@
-"""The campaign: world -> SFT -> evaluate SFT (an imported model first as it came) -> for each RL stage: transition (mining, optimizer reset) -> stage ->
-final evaluation; tracked in MLflow (campaign run -> stage child runs -> per-step metrics, a LoggedModel per
-checkpoint).
+"""The campaign: world -> SFT -> evaluate SFT (an imported model first as it came) -> for each RL stage: transition
+(mining, optimizer reset) -> stage -> final evaluation; tracked in MLflow (campaign run -> stage child runs ->
+per-step metrics, a LoggedModel per checkpoint).
 
 With `seeds` N > 1 the RL part runs N times from the one world, SFT model and SFT evaluation (the config's rl_seed,
 rl_seed+1, ...: rollout sampling, data order, RoC draws, the trainer's seed), each with its own fresh trainer, stages
