@@ -75,10 +75,10 @@ def import_model(source: str = typer.Argument(..., help=f"{SOURCE_HELP}, or a Hu
     """Both steps, as `world.import_model` does: convert a GGUF file (or copy a directory), then add the tool
     template where the model's own lacks tool support."""
     from rstar2.models import importer
+    from rstar2.run.checkpoint import require_new
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        fail(f"{out} exists and is not empty: give a new directory")
     try:
+        require_new(out, "import")
         out.parent.mkdir(parents=True, exist_ok=True)
         importer.bring_in(source, out)
     except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:

@@ -41,8 +41,7 @@ def export(src: str | Path, out: str | Path) -> Path:
     """Write `src`'s model as a plain HF model directory `out` (created whole or not at all); refuses an `out` that
     exists and is not empty, and a model whose chat template cannot render the tool conversation (ChatTemplateError)."""
     src, out = model_dir(src), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not empty: export writes a new directory and never overwrites")
+    checkpoint.require_new(out, "export (it never overwrites)")
     ChatFormat.load(src)  # a model whose template cannot hold a tool conversation is refused, naming what it lacks
 
     def write(tmp: Path) -> None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from rstar2.data.files import locate
-from rstar2.run.checkpoint import write_dir_atomic
+from rstar2.run.checkpoint import require_new, write_dir_atomic
 
 RECORD = "rstar2_model.json"  # what was done to a model directory: its source, and tools.add's changes
 
@@ -31,8 +31,7 @@ def convert(source: str | Path, out: str | Path) -> Path:
     """Write the GGUF model `source` (see `locate`) as a plain HF model directory `out` (created whole or not at
     all; an existing non-empty `out` is refused). Returns `out`."""
     path, out = locate(source), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not empty: the conversion writes a new directory")
+    require_new(out, "the conversion")
     try:
         from gguf import GGUFReader  # noqa: F401 - transformers reads GGUF files through it
     except ImportError:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rstar2.models.gguf import RECORD
 from rstar2.rollout.chat import ChatFormat, ChatTemplateError, load_tokenizer
-from rstar2.run.checkpoint import write_dir_atomic
+from rstar2.run.checkpoint import require_new, write_dir_atomic
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -94,8 +94,7 @@ def add(model_dir: str | Path, out: str | Path, template: str | None = None) -> 
     lacks as new tokens, the embedding resized. A model whose own template already handles tools is refused (nothing
     to do), and so is a template that still cannot run the agent loop. Returns the record written."""
     src, out = Path(model_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not empty: add-tools writes a new directory")
+    require_new(out, "add-tools")
     tok = load_tokenizer(src)
     if supports_tools(src):
         raise ValueError(f"{src}: its chat template already handles tools; use the model as it is")

@@ -50,6 +50,12 @@ def commit(final_dir: Path, write: Callable[[Path], None], meta: dict) -> Path:
     return write_dir_atomic(final_dir, sealed)
 
 
+def require_new(out: Path, what: str) -> None:
+    """`out` may be written as a new directory (absent, or empty); else FileExistsError naming it and `what` writes."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not empty: {what} writes a new directory")
+
+
 def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
     """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, and rename it to `final_dir` (which it
     replaces if present): readers see the whole directory or none of it."""

@@ -4,7 +4,6 @@ bring in the user's problem tables (world.train_data / val_data / test_data) whe
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import RunCfg
 from rstar2.data import clean, formats, schema
-from rstar2.models import importer
+from rstar2.models import gguf, importer
 from rstar2.rollout.template import REASON_OPEN
 from rstar2.world import gsm, model, problems, sft_data, tokenizer
 
@@ -54,7 +53,7 @@ def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
 
 def file_sha256(path: str | Path) -> str | None:
     """The file's content hash (None where there is no such file)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
+    return gguf.sha256(Path(path)) if Path(path).is_file() else None  # streamed
 
 
 def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:
