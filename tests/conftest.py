@@ -49,9 +49,8 @@ def _made_once(name: str, make, source_sha: str) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_sha() -> str:
     from rstar2.data import files
-    from rstar2.models import gguf
 
-    return gguf.sha256(files.locate(SMOLLM2_GGUF))
+    return files.sha256(files.locate(SMOLLM2_GGUF))
 
 
 @pytest.fixture(scope="session")

@@ -9,22 +9,13 @@ A model file is named by path, or as `pkg:<module>/<file>` inside an installed d
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from rstar2.data.files import locate
+from rstar2.data.files import locate, sha256
 from rstar2.run.checkpoint import require_new, write_dir_atomic
 
 RECORD = "rstar2_model.json"  # what was done to a model directory: its source, and tools.add's changes
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def convert(source: str | Path, out: str | Path) -> Path:

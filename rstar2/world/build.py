@@ -13,8 +13,8 @@ from rstar2.run.checkpoint import commit, is_committed, write_atomic
 from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import RunCfg
-from rstar2.data import clean, formats, schema
-from rstar2.models import gguf, importer
+from rstar2.data import clean, files, formats, schema
+from rstar2.models import importer
 from rstar2.rollout.template import REASON_OPEN
 from rstar2.world import gsm, model, problems, sft_data, tokenizer
 
@@ -53,7 +53,7 @@ def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
 
 def file_sha256(path: str | Path) -> str | None:
     """The file's content hash (None where there is no such file)."""
-    return gguf.sha256(Path(path)) if Path(path).is_file() else None  # streamed
+    return files.sha256(Path(path)) if Path(path).is_file() else None
 
 
 def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:

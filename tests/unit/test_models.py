@@ -37,7 +37,7 @@ def test_the_converted_tokenizer_is_the_gguf_files(smollm2_plain):
         ("llama", 30, 576, 49_152)
     assert "quantization_config" not in config
     assert json.loads((smollm2_plain / "generation_config.json").read_text())["eos_token_id"] == 2
-    assert tools.record(smollm2_plain)["sha256"] == gguf.sha256(files.locate(SMOLLM2_GGUF))
+    assert tools.record(smollm2_plain)["sha256"] == files.sha256(files.locate(SMOLLM2_GGUF))
 
 
 def test_the_instruct_models_own_template_is_refused_with_the_way_forward(smollm2_plain):
