@@ -44,7 +44,8 @@ def speed_line(speed: dict) -> str:
         parts.append(f"RL step (mean of {speed['rl_steps']}): rollout {speed['rollout_s']:.0f} s "
                      f"({speed['rollout_tokens_per_s']:.0f} generated tokens/s), update {speed['update_s']:.0f} s "
                      f"({speed['update_tokens_per_s']:.0f} tokens/s)")
-    return "speed: " + "; ".join(parts) if parts else "speed: nothing measured"
+    numerics = f" ({speed['trainer_dtype']} trainer)" if "trainer_dtype" in speed else ""
+    return ("speed" + numerics + ": " + "; ".join(parts)) if parts else "speed: nothing measured"
 
 
 def suites_table(summary: dict) -> Table:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
@@ -77,6 +77,8 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     plan.require_fit(cfg)  # a run that cannot fit its GPUs stops here, before Ray or any actor starts
     layout = runstate.layout(cfg, params.run_name)
     layout.top.mkdir(parents=True, exist_ok=True)
+    cfg, why = plan.settle_numerics(cfg, layout.config)  # auto numerics measured once; config.json states them
+    get_run_logger().info(why)
     preflight(cfg, layout, params.sft_checkpoint)  # model, every prompt, sandbox: before anything
     layout.config.write_text(cfg.model_dump_json(indent=1))
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}

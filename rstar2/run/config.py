@@ -169,7 +169,10 @@ class TrainerCfg(_Cfg):
     micro_batch_tokens: int = Field(8192, ge=1)  # tokens per forward/backward (gradient accumulation over them)
     layout: Literal["bucket", "pack"] = "bucket"  # length-sorted padded micro-batches, or packed rows (varlen)
     share_prompts: bool = True  # pack: a group's rollouts store (and compute) their common prompt once
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # the numerics of SFT and the update: fp32, or bf16 autocast (fp32 master weights); auto: bf16 where the device
+    # multiplies bf16 in hardware, fp32 elsewhere (rstar2.training.numerics), settled when a run starts and written
+    # into its config.json
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     device: str = "auto"
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: Literal[2, 3] = 2

@@ -112,7 +112,7 @@ def activation_bytes(s: Shape, cfg: RunCfg, checkpointing: bool) -> int:
     the attention output (3 q_dim + 4 kv_dim), and the SwiGLU MLP's gate, up, act(gate) and product (4 ffn), in the
     compute dtype. With checkpointing a layer keeps its input (h) and one layer at a time is rebuilt. The LM head adds
     its logits in the compute dtype, their fp32 copy for the log-softmax and its gradient (vocab x (b + 8))."""
-    b = DTYPE_BYTES[cfg.trainer.dtype]
+    b = 4 if cfg.trainer.dtype == "auto" else DTYPE_BYTES[cfg.trainer.dtype]  # auto: planned at the wider dtype
     tokens = cfg.trainer.micro_batch_tokens
     per_layer = b * (4 * s.hidden + 3 * s.q_dim + 4 * s.kv_heads * s.head_dim + 4 * s.ffn)
     layers = (s.layers * b * s.hidden + per_layer) if checkpointing else s.layers * per_layer
@@ -231,3 +231,25 @@ def require_fit(cfg: RunCfg) -> dict:
             + " - see `rstar2 plan`")
     return res
 
+
+
+def settle_numerics(cfg: RunCfg, previous: Path | None = None) -> tuple[RunCfg, str]:
+    """The run's config with trainer.dtype "auto" replaced by what this host's trainer will compute in
+    (rstar2.training.numerics), and why in words. A run resumed from `previous` (its config.json) keeps the dtype it
+    started with, also on another host."""
+    from rstar2.training import numerics
+    from rstar2.training.device import pick
+
+    if cfg.trainer.dtype != "auto":
+        return cfg, f"trainer.dtype {cfg.trainer.dtype}: set in the config"
+    if previous is not None and previous.is_file():
+        before = RunCfg.model_validate_json(previous.read_text()).trainer.dtype
+        if before != "auto":
+            return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"dtype": before})}), \
+                f"trainer.dtype {before}: as the run started ({previous})"
+    device = pick(cfg.trainer.device)
+    if device.type == "cpu" and cfg.placement.gpus and cfg.trainer.device == "auto":
+        return cfg, "trainer.dtype auto: each trainer rank settles it on its own GPU (none on this machine)"
+    choice = numerics.choose("auto", device)
+    return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"dtype": choice.dtype})}), \
+        f"trainer.dtype {choice.dtype}: {choice.reason}"

@@ -117,7 +117,7 @@ def speed(run: RunLayout, cfg: RunCfg) -> dict:
     """What the run's SFT and each RL step took, from its committed files: the SFT's tokens per second and seconds
     (its sft_result.json), and over the RL steps that updated (their checkpoints' figures) the mean seconds of the
     rollout and of the update, the rollout's generated tokens per second and the update's tokens per second."""
-    out = {}
+    out = {"trainer_dtype": cfg.trainer.dtype}  # the numerics both ran in (a run settles auto before it starts)
     sft = run.sft / "sft_result.json"
     if sft.is_file():
         res = json.loads(sft.read_text())

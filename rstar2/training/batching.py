@@ -179,7 +179,13 @@ def varlen_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     """Causal attention per packed segment: q (B, Hq, T, D), k/v (B, Hkv, T, D) -> (B, T, Hq, D). A segment
     (s, e, ps, pe) attends causally to itself after the prefix span ps..pe (its shared prompt; empty if ps == pe).
     Exact: each sequence sees only its own tokens, as if run alone. Without segments (an ordinary forward of the
-    same model, e.g. a reference or generation call) it is plain SDPA attention."""
+    same model, e.g. a reference or generation call) it is plain SDPA attention. Under bf16 autocast on a CPU it
+    computes in fp32: torch's CPU flash attention ran its backward ~2.5x slower in bf16 than in fp32 (a ~3M model's
+    SFT step: 236 ms against 93; bench/README.md, "Trainer roofline"), and fp32 is the more exact of the two."""
+    if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # q, k, v come fp32 out of RoPE
+        with torch.autocast("cpu", enabled=False):
+            return varlen_attention(module, query.float(), key.float(), value.float(), attention_mask, scaling,
+                                    dropout, rstar2_segments, **kwargs)
     if rstar2_segments is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -201,7 +207,8 @@ def varlen_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
 
 
 def use_varlen_attention(model) -> None:
-    """Route `model`'s attention through `varlen_attention` (registered once; no mask is ever built for it)."""
+    """Route `model`'s attention through `varlen_attention` (registered once; no mask is ever built for it): packed
+    rows need it, and every training forward takes its CPU bf16 path."""
     from transformers import AttentionInterface
 
     if VARLEN not in AttentionInterface._global_mapping:

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2.models import tools
-from rstar2.training import device as dev, transcripts
+from rstar2.training import device as dev, numerics, transcripts
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 from rstar2.rollout.chat import ChatFormat
 from rstar2.run.config import RunCfg
@@ -35,6 +35,9 @@ class SFTResult:
     tokens_per_s: float
     wall_s: float
     cycle_losses: list[float] = field(default_factory=list)  # each cycle's final loss (train_with)
+    fed_tokens: int = 0  # positions computed (padding included), and the assistant tokens the loss is on
+    loss_tokens: int = 0
+    dtype: str = "float32"  # the numerics it ran in (trainer.dtype resolved: rstar2.training.numerics)
 
 
 def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[list[int]], list[list[int]]]:
@@ -96,16 +99,31 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
           warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
           on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
-    and its tokenizer are saved to `out_dir` (a plain HF model directory)."""
+    and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     chat = ChatFormat.load(model_dir)
     tok = chat.tokenizer
     dv = dev.pick(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
-    if packed:
-        use_varlen_attention(model)
     ids, masks = tokenize(chat, transcripts.read(data))
+    res = fit(model, ids, masks, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_frac=warmup_frac, seed=seed,
+              packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok),
+              on_progress=on_progress)
+    model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    tools.carry(model_dir, out_dir)  # what rstar2 gave the model (its tool template) goes with it
+    return res
+
+
+def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, lr: float, batch_tokens: int,
+        warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int,
+        on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+    """The optimisation itself, on tokenised transcripts (ids and loss masks), in place on `model` (on its device):
+    AdamW, linear warm-up then cosine decay over int(batches per epoch x epochs) steps, `dtype` autocast."""
+    rng = random.Random(seed)
+    dv = next(model.parameters()).device
+    use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     lengths = [len(x) for x in ids]
     openings = shared_openings(ids, masks) if packed else None
     n_batches = len(_batches(lengths, batch_tokens, packed, None, openings))
@@ -115,12 +133,12 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay (the paper's SFT schedule)
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     model.train()
-    step, tokens, t0, loss_ema = 0, 0, time.perf_counter(), float("nan")
+    step, tokens, fed, n_loss, t0, loss_ema = 0, 0, 0, 0, time.perf_counter(), float("nan")
     while step < total:
         for batch in _batches(lengths, batch_tokens, packed, rng, openings):
             if step >= total:
                 break
-            mb = collate(ids, masks, batch, _pad_id(tok), packed,  # (B, T) rows or (1, T) packed; N loss tokens
+            mb = collate(ids, masks, batch, pad_id, packed,  # (B, T) rows or (1, T) packed; N loss tokens
                          openings[0] if packed else None).to(dv)
             with dev.autocast(dv, dtype):
                 logp, _ = loss_token_logprobs(model, mb)  # (N,)
@@ -131,17 +149,13 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
             opt.step()
             sched.step()
             step += 1
-            tokens += mb.real_tokens
+            tokens, fed, n_loss = tokens + mb.real_tokens, fed + mb.fed_tokens, n_loss + logp.numel()
             loss_ema = loss.item() if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * loss.item()
             if on_progress:
                 on_progress(step, total, loss_ema)
     wall = time.perf_counter() - t0
-    if packed:
-        model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    tok.save_pretrained(str(out_dir))
-    tools.carry(model_dir, out_dir)  # what rstar2 gave the model (its tool template) goes with it
-    return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall)
+    return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall, fed_tokens=fed,
+                     loss_tokens=n_loss, dtype=dtype)
 
 
 def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
@@ -164,7 +178,9 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
     wall = sum(r.wall_s for r in cycles)
     return SFTResult(steps=sum(r.steps for r in cycles), final_loss=res.final_loss,
                      tokens_per_s=sum(r.tokens_per_s * r.wall_s for r in cycles) / wall if wall else 0.0,
-                     wall_s=wall, cycle_losses=[r.final_loss for r in cycles])
+                     wall_s=wall, cycle_losses=[r.final_loss for r in cycles],
+                     fed_tokens=sum(r.fed_tokens for r in cycles), loss_tokens=sum(r.loss_tokens for r in cycles),
+                     dtype=res.dtype)
 
 
 def _pad_id(tok) -> int:

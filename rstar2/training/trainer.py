@@ -45,7 +45,7 @@ import torch
 from rstar2.run import checkpoint, weight_bus
 from rstar2.run.net import free_port
 
-from rstar2.training import device as dev, grpo
+from rstar2.training import device as dev, grpo, numerics
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
 from rstar2.run.config import TrainerCfg
 from rstar2.training.optim import adamw, lr_lambda
@@ -114,8 +114,10 @@ class PolicyTrainer:
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.device = dev.pick(cfg.device)
+        # auto: a run settles it before it starts (its config.json states it); a direct caller's is settled here
+        cfg = cfg.model_copy(update={"dtype": numerics.choose(cfg.dtype, self.device).dtype})
+        self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.tokenizer = load_tokenizer(model_dir)
         self.model_dir = model_dir  # its record (rstar2.models.tools) goes into every checkpoint
         if cfg.backend == "deepspeed":
@@ -321,8 +323,7 @@ def load_model(model_dir: str, device: torch.device, cfg: TrainerCfg | None = No
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
     if cfg and cfg.gradient_checkpointing:  # recompute each layer's activations in backward: memory for ~1/3 more compute
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg and cfg.layout == "pack":
-        use_varlen_attention(model)
+    use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     return model
 
 

@@ -51,6 +51,8 @@ def test_campaign_runs_every_stage_and_reports_consistently(campaign_run):
     assert summary["steps"] == 4 and summary["stages"] == {"stage1-short": "plateau", "stage2-long": "budget",
                                                           "stage3-hard": "budget"}
     assert json.loads((run_dir / "summary.json").read_text())["pass1_rl"] == summary["pass1_rl"]
+    # trainer.dtype auto is settled before the run starts: its config states the numerics it ran in
+    assert json.loads((run_dir / "config.json").read_text())["trainer"]["dtype"] in ("float32", "bfloat16")
     final = pl.read_parquet(run_dir / "eval" / "final-test.parquet")
     assert final.height == 6 * 2  # problems x samples
     assert final.group_by("problem_id").agg(pl.col("reward").mean())["reward"].mean() == pytest.approx(summary["pass1_rl"])

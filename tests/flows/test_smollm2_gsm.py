@@ -12,9 +12,11 @@ import json
 import mlflow
 import polars as pl
 import pytest
+import torch
 
 from rstar2.models import tools
 from rstar2.run import checkpoint
+from rstar2.training import numerics as numerics_
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +42,10 @@ def test_a_pretrained_model_runs_the_whole_preset(smollm2_dir, tmp_path):
     first = json.loads((world / "sft_data.jsonl").read_text().splitlines()[0])["messages"]
     assert next(m for m in first if m["role"] == "assistant")["content"].startswith("<reason>")
     assert checkpoint.is_committed(run / "sft") and json.loads((run / "sft" / "sft_result.json").read_text())["steps"]
+    # trainer.dtype auto, settled by this host's bf16 units: the run's config and its SFT say the same
+    numerics = numerics_.choose("auto", torch.device("cpu")).dtype
+    assert json.loads((run / "config.json").read_text())["trainer"]["dtype"] == numerics
+    assert json.loads((run / "sft" / "sft_result.json").read_text())["dtype"] == numerics
 
     for name in ("instruct-test", "sft-test", "final-test"):  # the model as it came, after SFT, after RL
         assert pl.read_parquet(run / "eval" / f"{name}.parquet").height == 3

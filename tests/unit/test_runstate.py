@@ -47,6 +47,7 @@ def test_speed_from_the_committed_sft_and_steps(tmp_path):
              {"rollout_s": 50.0, "rollout_tokens_per_s": 100.0, "update_s": 0.0, "skipped": 1}]  # no update: left out
     for i, m in enumerate(steps, 1):
         checkpoint.commit(run.checkpoint("s1", i), lambda d: None, {"metrics": m})
-    assert runstate.speed(run, cfg) == {"sft_tokens_per_s": 250.0, "sft_s": 400.0, "rl_steps": 2, "rollout_s": 80.0,
+    assert runstate.speed(run, cfg) == {"trainer_dtype": "float32", "sft_tokens_per_s": 250.0, "sft_s": 400.0,
+                                        "rl_steps": 2, "rollout_s": 80.0,
                                         "rollout_tokens_per_s": 250.0, "update_s": 25.0,
                                         "update_tokens_per_s": (250 + 300) / 2}
