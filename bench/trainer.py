@@ -1,4 +1,5 @@
-"""`rstar2 bench trainer`: our GRPO-RoC update against TRL's GRPOTrainer on the same work, in one run.
+"""`rstar2 bench trainer`: our SFT and GRPO-RoC update against the host's GEMM roofline (bench/roofline.py) and our
+update against TRL's GRPOTrainer on the same work, for two shapes (bench/trainer_shapes.py), in one run.
 
 Same work on both sides: the same model (random init of one config, same seed), the same prompts and completions (a
 recorded RL-step batch, `kept.parquet`: what RoC kept), the same loss tokens (tool responses masked: TRL's `env_mask`),
@@ -6,7 +7,9 @@ one optimizer step over the whole batch, the same clip (0.2 / 0.28, token-mean "
 precision. TRL gets the batch through its `rollout_func` hook, so nothing is generated; its update time is
 on_step_begin -> on_step_end minus its (replayed) generate-and-score. Each side runs in its own subprocess (its own
 peak memory), one after the other. tokens/s = gradient-receiving tokens / update seconds; the first step is warm-up.
-Peak memory = the process's peak RSS during the update steps (CPU) or peak allocated (CUDA).
+Peak memory = the process's peak RSS during the update steps (CPU) or peak allocated (CUDA). SFT is timed through
+rstar2.training.sft.fit on the batch's sequences as transcripts (prompt masked, the response's loss tokens trained),
+with the preset's batch tokens and layout; its tokens/s counts every token, as an SFT run reports it.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from typing import Optional
 
 import typer
 
-DATA = Path(__file__).parent / "data" / "trainer"  # a recorded tiny-world RL step: kept.parquet + tokenizer
+from rstar2.bench import roofline, trainer_shapes as shapes
+
 COLUMNS = ("problem_id", "reward", "prompt_ids", "response_ids", "loss_mask")
 
 
 # ----------------------------------------------------------------------------- preparation (parent process)
-def prepare(batch: Path, model: Path | None, out: Path, seed: int = 0) -> dict:
+def prepare(batch: Path, model: Path | None, out: Path, seed: int = 0, shape: str = "tiny") -> dict:
     """Write the bench inputs under `out`: the batch restricted to groups of the common size (TRL needs one group
-    size), and a model directory (the given one, or a random init of the recorded config)."""
+    size), and a model directory (the given one, or a random init of the shape's config)."""
     import polars as pl
 
     df = pl.read_parquet(batch)
@@ -45,19 +49,10 @@ def prepare(batch: Path, model: Path | None, out: Path, seed: int = 0) -> dict:
     df.sort("problem_id", maintain_order=True).write_parquet(out / "batch.parquet")
     if model is None:
         model = out / "model"
-        _random_model(DATA, model, seed)
+        shapes.write_model(shape, model, seed)
     return {"batch": str(out / "batch.parquet"), "model": str(model), "group_size": g, "rows": df.height,
             "loss_tokens": int(df["loss_mask"].list.sum().sum()),
             "tokens": int((df["prompt_ids"].list.len() + df["response_ids"].list.len()).sum())}
-
-
-def _random_model(src: Path, out: Path, seed: int) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src)).save_pretrained(out, safe_serialization=True)
-    PreTrainedTokenizerFast.from_pretrained(src).save_pretrained(out)
 
 
 # ----------------------------------------------------------------------------- workers (one subprocess each)
@@ -98,8 +93,37 @@ def worker_ours(spec: dict) -> list[dict]:
         c0 = time.process_time()
         m = tr.update(spec["batch"])
         steps.append({"update_s": m["update_s"], "loss_tokens": m["update_loss_tokens"],
+                      "counted_tokens": m["update_loss_tokens"],
                       "fed_tokens": m["update_fed_tokens"], "peak_mb": m["update_peak_mem_mb"], "base_mb": base,
                       "cpu_util": (time.process_time() - c0) / m["update_s"], "loss": m["loss"]})
+    return steps
+
+
+def worker_sft(spec: dict) -> list[dict]:
+    """SFT steps through rstar2.training.sft.fit on the batch's sequences as transcripts: one warm-up call of a step,
+    then calls of `sft_steps` steps, each timed whole (a fresh optimizer each: fit's own)."""
+    import polars as pl
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2.training import sft
+
+    df = pl.read_parquet(spec["batch"])
+    ids = [list(p) + list(r) for p, r in zip(df["prompt_ids"], df["response_ids"])]
+    masks = [[0] * len(p) + list(m) for p, m in zip(df["prompt_ids"], df["loss_mask"])]
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).to(spec["device"])
+    n_batches = len(sft._batches([len(x) for x in ids], spec["sft_batch_tokens"], spec["sft_packed"], None,
+                                 sft.shared_openings(ids, masks) if spec["sft_packed"] else None))
+    steps: list[dict] = []
+    while not _enough(steps, spec):
+        n = 1 if not steps else spec["sft_steps"]
+        base = _mem_reset(spec)
+        c0 = time.process_time()
+        r = sft.fit(model, ids, masks, epochs=(n + 0.5) / n_batches, lr=1e-5, batch_tokens=spec["sft_batch_tokens"],
+                    warmup_frac=0.0, seed=len(steps), packed=spec["sft_packed"], dtype=spec["dtype"], pad_id=0)
+        steps.append({"update_s": r.wall_s, "counted_tokens": round(r.tokens_per_s * r.wall_s),  # every token
+                      "loss_tokens": r.loss_tokens, "fed_tokens": r.fed_tokens, "peak_mb": _peak(spec), "base_mb": base,
+                      "cpu_util": (time.process_time() - c0) / r.wall_s})
     return steps
 
 
@@ -166,7 +190,8 @@ def worker_trl(spec: dict) -> list[dict]:
 
         def on_step_end(self, args, state, control, **kw):
             wall = time.perf_counter() - self.t0
-            steps.append({"update_s": wall - gen_s[0], "loss_tokens": loss_tokens, "fed_tokens": fed,
+            steps.append({"update_s": wall - gen_s[0], "loss_tokens": loss_tokens, "counted_tokens": loss_tokens,
+                          "fed_tokens": fed,
                           "peak_mb": _peak(spec), "base_mb": self.base, "generate_s": gen_s[0],
                           "cpu_util": (time.process_time() - self.c0) / wall})
             if _enough(steps, spec):
@@ -196,78 +221,63 @@ def summarise(name: str, steps: list[dict], clean_util: float) -> dict:
     timed = steps[1:] or steps  # the first step is warm-up
     clean = [s for s in timed if s["cpu_util"] >= clean_util]
     timed = clean or timed
-    tps = [s["loss_tokens"] / s["update_s"] for s in timed]
+    tps = [s["counted_tokens"] / s["update_s"] for s in timed]
     return {"name": name, "steps": len(timed), "clean": bool(clean), "tokens_per_s": statistics.median(tps),
             "tokens_per_s_best": max(tps),
             "update_s": statistics.median(s["update_s"] for s in timed), "loss_tokens": timed[0]["loss_tokens"],
+            "counted_tokens": timed[0]["counted_tokens"],
             "fed_tokens": timed[0]["fed_tokens"], "peak_mb": max(s["peak_mb"] for s in timed),
             "update_mem_mb": max(s["peak_mb"] - s["base_mb"] for s in timed),
             "cpu_util": statistics.median(s["cpu_util"] for s in timed)}
 
 
 def command(
-    batch: Optional[Path] = typer.Option(None, help="recorded RL-step batch (kept.parquet); default: the tiny-world "
-                                                    "step shipped in bench/data"),
-    model: Optional[Path] = typer.Option(None, help="HF model dir; default: random init of the batch's tiny model"),
-    steps: int = typer.Option(3, help="clean update steps to time per side (after one warm-up step)"),
-    max_steps: int = typer.Option(12, help="give up waiting for clean steps after this many"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 (autocast), both sides"),
-    layouts: str = typer.Option("bucket,pack", help="our micro-batch layouts to run, comma-separated"),
-    micro_batch_tokens: int = typer.Option(2048, help="our token budget per micro-batch (2048: fastest and leanest here)"),
+    shapes_: str = typer.Option("tiny,smollm2", "--shapes", help="model shapes, comma-separated: tiny (the tiny "
+                                "world's ~3M model on a recorded RL step), smollm2 (SmolLM2-135M's llama shape)"),
+    batch: Optional[Path] = typer.Option(None, help="recorded RL-step batch (kept.parquet) for one shape; default: "
+                                                    "the shape's own (bench/trainer_shapes.py)"),
+    model: Optional[Path] = typer.Option(None, help="HF model dir for one shape; default: random init of its config"),
+    steps: int = typer.Option(3, help="clean steps to time per trainer (after one warm-up step)"),
+    max_steps: int = typer.Option(8, help="give up waiting for clean steps after this many"),
+    dtype: str = typer.Option("preset", help="preset (each shape's preset's trainer.dtype, auto settled on this "
+                                             "host), auto, float32 or bfloat16 (autocast), every trainer"),
+    layouts: str = typer.Option("pack", help="our update's micro-batch layouts, comma-separated (bucket, pack)"),
+    sft_steps: int = typer.Option(4, help="SFT steps per timed call"),
     trl_micro_batch: int = typer.Option(16, help="TRL per-device batch (sequences; the rest is accumulation)"),
     trl: bool = typer.Option(True, help="also run TRL (needs the bench extra: pip install '.[bench]')"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here"),
 ):
-    """Our GRPO-RoC update vs TRL's GRPOTrainer: same model, batch, loss tokens and precision; tokens/s and peak
-    memory."""
+    """SFT and GRPO-RoC update tokens/s against the host's GEMM roofline at each shape (fp32 and bf16), and our
+    update against TRL's GRPOTrainer on the same work."""
     from rstar2.run import progress
-    from rich.table import Table
 
     console = progress.console()  # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
-    if dtype not in ("float32", "bfloat16"):
-        console.print(f"[red]error:[/red] --dtype must be float32 or bfloat16, got {dtype!r}")
+    names = [x.strip() for x in shapes_.split(",") if x.strip()]
+    bad = [n for n in names if n not in shapes.SHAPES] or \
+        ([] if dtype in ("preset", "auto", "float32", "bfloat16") else [dtype])
+    if bad or not names or ((batch or model) and len(names) != 1):
+        console.print(f"[red]error:[/red] --shapes takes {', '.join(shapes.SHAPES)} (one of them with --batch or "
+                      f"--model) and --dtype preset, auto, float32 or bfloat16; got {shapes_!r}, --dtype {dtype!r}")
         raise typer.Exit(2)
-    batch = batch or DATA / "kept.parquet"
-    if not batch.is_file():
+    if batch is not None and not batch.is_file():
         console.print(f"[red]error:[/red] no batch at {batch}")
         raise typer.Exit(2)
-    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        try:
-            info = prepare(batch, model, Path(tmp))
-        except (ValueError, OSError) as e:
-            console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(2)
-        import torch
+    import torch
 
-        threads = torch.get_num_threads()
-        clean_util = 0.9 * threads if device == "cpu" else 0.0
-        spec = {**info, "steps": steps, "max_steps": max_steps, "clean_util": clean_util, "dtype": dtype, "micro_batch_tokens": micro_batch_tokens, "lr": 1e-6,
-                "trl_micro_batch": trl_micro_batch, "device": device, "tmp": tmp}
-        rows = []
-        for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
-            rows.append(summarise(f"rstar2 ({layout})", _run_worker("ours", {**spec, "layout": layout}), clean_util))
-        if trl:
-            rows.append(summarise("TRL GRPOTrainer", _run_worker("trl", spec), clean_util))
-    table = Table(title=f"trainer update: {info['rows']} sequences ({info['rows'] // info['group_size']} prompts x "
-                        f"{info['group_size']}), {info['loss_tokens']:,} loss tokens of {info['tokens']:,}, {dtype}, "
-                        f"{device}, median of {steps} clean steps ({threads} threads)")
-    for col in ("trainer", "tokens/s", "best", "update s", "fed tokens", "peak MB", "update MB", "CPU util", "clean"):
-        table.add_column(col, justify="right" if col != "trainer" else "left")
-    for r in rows:
-        table.add_row(r["name"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_best']:,.0f}", f"{r['update_s']:.2f}",
-                      f"{r['fed_tokens']:,}", f"{r['peak_mb']:,.0f}", f"{r['update_mem_mb']:,.0f}",
-                      f"{r['cpu_util']:.2f}", "yes" if r["clean"] else "[red]no[/red]")
-    console.print(table)
-    result = {"batch": str(batch), "dtype": dtype, "device": device, "threads": threads, **{k: info[k] for k in (
-        "rows", "group_size", "loss_tokens", "tokens")}, "runs": rows}
-    trl_row = next((r for r in rows if r["name"].startswith("TRL")), None)
-    if trl_row:
-        ours = max((r for r in rows if r is not trl_row), key=lambda r: r["tokens_per_s"])
-        result["speedup_vs_trl"] = ours["tokens_per_s"] / trl_row["tokens_per_s"]
-        result["peak_mb_ratio_vs_trl"] = ours["peak_mb"] / trl_row["peak_mb"]
-        console.print(f"best rstar2 ({ours['name']}) vs TRL: {result['speedup_vs_trl']:.2f}x tokens/s, "
-                      f"peak memory {result['peak_mb_ratio_vs_trl']:.2f}x")
+    threads = torch.get_num_threads()
+    clean_util = 0.9 * threads if device == "cpu" else 0.0
+    result = {"device": device, "threads": threads, "shapes": {}}
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+            try:
+                info = prepare(batch or shapes.write_batch(name, Path(tmp)), model, Path(tmp), shape=name)
+            except (ValueError, OSError) as e:
+                console.print(f"[red]error:[/red] {e}")
+                raise typer.Exit(2)
+            result["shapes"][name] = _shape(name, info, dtype, device, steps, max_steps, clean_util, layouts,
+                                            sft_steps, trl_micro_batch, trl, tmp)
+    _print(console, result, steps)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=1))
@@ -275,7 +285,76 @@ def command(
     return result
 
 
+def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps: int, clean_util: float,
+           layouts: str, sft_steps: int, trl_micro_batch: int, trl: bool, tmp: str) -> dict:
+    """One shape: its roofline in both dtypes, then SFT, our update per layout and TRL's, each in its own process."""
+    import torch
+    from transformers import AutoConfig
+
+    from rstar2.training import numerics
+
+    mc = AutoConfig.from_pretrained(info["model"])
+    sh = shapes.shape(name)
+    if dtype == "preset":
+        from rstar2.run import config
+
+        dtype = config.load(sh.preset).trainer.dtype
+    choice = numerics.choose(dtype, torch.device(device))
+    roof = {dt: roofline.measure(mc, sh.micro_batch_tokens, dt, device) for dt in numerics.DTYPES}
+    spec = {**info, "steps": steps, "max_steps": max_steps, "clean_util": clean_util, "dtype": choice.dtype,
+            "micro_batch_tokens": sh.micro_batch_tokens, "lr": 1e-6, "trl_micro_batch": trl_micro_batch,
+            "device": device, "tmp": tmp, "sft_steps": sft_steps, "sft_batch_tokens": sh.sft_batch_tokens,
+            "sft_packed": sh.sft_packed}
+    runs = [summarise("rstar2 SFT", _run_worker("sft", spec), clean_util)]
+    for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
+        runs.append(summarise(f"rstar2 update ({layout})", _run_worker("ours", {**spec, "layout": layout}),
+                              clean_util))
+    if trl:
+        runs.append(summarise("TRL GRPOTrainer", _run_worker("trl", spec), clean_util))
+    for r in runs:  # the roofline of the same work: these fed tokens through the body, these loss tokens the head
+        r["roofline_tokens_per_s"] = roofline.tokens_per_s(roof[choice.dtype], r["fed_tokens"], r["loss_tokens"],
+                                                           r["counted_tokens"])
+        r["of_roofline"] = r["tokens_per_s"] / r["roofline_tokens_per_s"]
+    out = {"dtype": choice.dtype, "dtype_reason": choice.reason, "roofline": roof,
+           **{k: info[k] for k in ("rows", "group_size", "loss_tokens", "tokens")}, "runs": runs}
+    trl_row = next((r for r in runs if r["name"].startswith("TRL")), None)
+    if trl_row:
+        ours = max((r for r in runs if "update" in r["name"]), key=lambda r: r["tokens_per_s"])
+        out["speedup_vs_trl"] = ours["tokens_per_s"] / trl_row["tokens_per_s"]
+        out["peak_mb_ratio_vs_trl"] = ours["peak_mb"] / trl_row["peak_mb"]
+    return out
+
+
+def _print(console, result: dict, steps: int) -> None:
+    from rich.table import Table
+
+    roof = Table(title=f"GEMM roofline at each shape's own products ({result['threads']} threads, {result['device']})")
+    for col in ("shape", "dtype", "GEMM GFLOP/s", "body us/token", "head us/token"):
+        roof.add_column(col, justify="right" if col not in ("shape", "dtype") else "left")
+    for name, sh in result["shapes"].items():
+        for dt, r in sh["roofline"].items():
+            roof.add_row(name, dt, f"{r['gemm_gflop_per_s']:,.0f}", f"{r['body_s_per_token'] * 1e6:.1f}",
+                         f"{r['head_s_per_token'] * 1e6:.1f}")
+    console.print(roof)
+    table = Table(title=f"trainers, median of {steps} clean steps: tokens/s against the roofline of the same work in "
+                        "the dtype used (SFT counts every token, the updates their loss tokens)")
+    for col in ("shape", "trainer", "dtype", "tokens/s", "roofline", "x roofline", "step s", "fed tokens",
+                "peak MB", "CPU util", "clean"):
+        table.add_column(col, justify="left" if col in ("shape", "trainer", "dtype") else "right")
+    for name, sh in result["shapes"].items():
+        for r in sh["runs"]:
+            table.add_row(name, r["name"], sh["dtype"], f"{r['tokens_per_s']:,.0f}",
+                          f"{r['roofline_tokens_per_s']:,.0f}", f"{r['of_roofline']:.2f}", f"{r['update_s']:.2f}",
+                          f"{r['fed_tokens']:,}", f"{r['peak_mb']:,.0f}", f"{r['cpu_util']:.2f}",
+                          "yes" if r["clean"] else "[red]no[/red]")
+    console.print(table)
+    for name, sh in result["shapes"].items():
+        console.print(f"{name}: {sh['dtype']} ({sh['dtype_reason']})" + (
+            f"; best rstar2 update vs TRL: {sh['speedup_vs_trl']:.2f}x tokens/s, peak memory "
+            f"{sh['peak_mb_ratio_vs_trl']:.2f}x" if "speedup_vs_trl" in sh else ""))
+
+
 if __name__ == "__main__":  # worker entry: python -m rstar2.bench.trainer {ours|trl} SPEC.json
     side, spec_path = sys.argv[1], sys.argv[2]
-    out = (worker_ours if side == "ours" else worker_trl)(json.loads(Path(spec_path).read_text()))
+    out = {"ours": worker_ours, "sft": worker_sft, "trl": worker_trl}[side](json.loads(Path(spec_path).read_text()))
     print("RESULT " + json.dumps(out), flush=True)

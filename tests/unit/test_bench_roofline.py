@@ -1,0 +1,50 @@
+"""`rstar2 bench trainer`'s roofline (bench/roofline.py): the linear layers of a llama/qwen decoder, worked by hand,
+and the whole command on the tiny shape, its figures in the JSON against a roofline measured in the same run."""
+
+import json
+
+import pytest
+from transformers import LlamaConfig
+from typer.testing import CliRunner
+
+from rstar2.bench import roofline
+
+
+def test_the_linear_layers_of_smollm2s_shape():
+    mc = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3, vocab_size=49216)
+    shapes = {name: (i, o, c) for name, i, o, c in roofline.linear_shapes(mc)}
+    assert shapes == {"q": (576, 576, 30), "k": (576, 192, 30), "v": (576, 192, 30), "o": (576, 576, 30),
+                      "gate": (576, 1536, 30), "up": (576, 1536, 30), "down": (1536, 576, 30)}
+    # 30 x (2 x 576^2 + 2 x 576 x 192 + 3 x 576 x 1536) = 106.2M parameters in products, the embedding apart
+    assert sum(i * o * c for i, o, c in shapes.values()) == 106_168_320
+
+
+def test_a_roofline_counts_body_and_head_tokens_apart():
+    r = {"body_s_per_token": 2e-3, "head_s_per_token": 1e-3}
+    # 1,000 fed tokens through the body (2 s), 400 loss tokens through the head (0.4 s); 400 counted: 400 / 2.4 s
+    assert roofline.tokens_per_s(r, 1000, 400, 400) == pytest.approx(400 / 2.4)
+
+
+def test_bench_trainer_reports_tokens_per_second_against_the_roofline(tmp_path):
+    from rstar2.cli.main import app
+
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "trainer", "--shapes", "tiny", "--no-trl", "--steps", "1",
+                                   "--max-steps", "2", "--sft-steps", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    tiny = json.loads(out.read_text())["shapes"]["tiny"]
+    assert tiny["dtype"] == "float32"  # the tiny preset's numerics
+    assert set(tiny["roofline"]) == {"float32", "bfloat16"}
+    assert all(r["gemm_gflop_per_s"] > 1 for r in tiny["roofline"].values())
+    assert [r["name"] for r in tiny["runs"]] == ["rstar2 SFT", "rstar2 update (pack)"]
+    for r in tiny["runs"]:
+        assert r["tokens_per_s"] > 0 and r["of_roofline"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
+    assert "x roofline" in res.output
+
+
+def test_bench_trainer_refuses_an_unknown_shape_in_one_line():
+    from rstar2.cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", "trainer", "--shapes", "gpt5"])
+    assert res.exit_code == 2 and "--shapes takes tiny, smollm2" in res.output
