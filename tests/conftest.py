@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rstar2.cli import env  # noqa: E402
+from tests import order  # noqa: E402
 
 env.apply(os.environ.get("RSTAR2_HOME") or str(ROOT / ".rstar2"))
 # OpenMP threads sleep as soon as their work is done instead of spinning for it: two test workers share two cores
@@ -75,18 +76,11 @@ FLOWS = ROOT / "tests" / "flows"
 # Tests that need what a plain machine lacks (a browser, a container engine, a GPU) run only when the -m expression
 # names their marker (their own dev.sh commands do), so any other -m, such as the fast tier's "not e2e", leaves them out
 OPT_IN = ("ui", "docker", "gpu")
-# `bash infra/dev.sh test` runs the suite on two workers, a file at a time (pytest-xdist's loadfile, in collection
-# order): the longest files go first, so that neither worker is left with one of them at the end. Seconds are each
-# file's time beside the other worker on a 2-core machine; the other end-to-end files follow, then the rest.
-LONGEST_S = {"flows/test_kill_retry.py": 300, "serve/test_serve_e2e.py": 240, "flows/test_campaign_e2e.py": 110,
-             "engine/test_zero_ranks.py": 105, "flows/test_world_seeds.py": 75, "engine/test_collective_sync.py": 70,
-             "flows/test_seeds.py": 67, "flows/test_own_model.py": 66, "engine/test_engine_actor.py": 66,
-             "flows/test_two_nodes.py": 54, "flows/test_smollm2_gsm.py": 300, "unit/test_models.py": 80}
+from tests.order import pytest_runtest_logreport, pytest_sessionfinish  # noqa: E402,F401 (hooks: file times)
 
 
-def _order(item) -> tuple:
-    rel = item.path.relative_to(ROOT / "tests").as_posix()
-    return -LONGEST_S.get(rel, 0), not item.get_closest_marker("e2e")
+def _order(item, seconds: dict[str, float]) -> tuple:
+    return order.key(item, seconds, bool(item.get_closest_marker("e2e")))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the flow tests' marker must be on them by then
@@ -100,4 +94,5 @@ def pytest_collection_modifyitems(config, items):
         (dropped if any(item.get_closest_marker(m) for m in OPT_IN if m not in named) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = sorted(kept, key=_order)  # stable: a file's tests stay together and in their order
+    seconds = order.measured()  # stable sort: a file's tests stay together and in their order
+    items[:] = sorted(kept, key=lambda item: _order(item, seconds))
