@@ -242,6 +242,8 @@ def command(
     dtype: str = typer.Option("preset", help="preset (each shape's preset's trainer.dtype, auto settled on this "
                                              "host), auto, float32 or bfloat16 (autocast), every trainer"),
     layouts: str = typer.Option("pack", help="our update's micro-batch layouts, comma-separated (bucket, pack)"),
+    micro_batch_tokens: Optional[int] = typer.Option(None, help="our update's tokens per micro-batch (default: the "
+                                                               "shape's preset's, 2,048 tiny, 4,096 smollm2)"),
     sft_steps: int = typer.Option(4, help="SFT steps per timed call"),
     trl_micro_batch: int = typer.Option(16, help="TRL per-device batch (sequences; the rest is accumulation)"),
     trl: bool = typer.Option(True, help="also run TRL (needs the bench extra: pip install '.[bench]')"),
@@ -276,7 +278,7 @@ def command(
                 console.print(f"[red]error:[/red] {e}")
                 raise typer.Exit(2)
             result["shapes"][name] = _shape(name, info, dtype, device, steps, max_steps, clean_util, layouts,
-                                            sft_steps, trl_micro_batch, trl, tmp)
+                                            micro_batch_tokens, sft_steps, trl_micro_batch, trl, tmp)
     _print(console, result, steps)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,7 +288,8 @@ def command(
 
 
 def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps: int, clean_util: float,
-           layouts: str, sft_steps: int, trl_micro_batch: int, trl: bool, tmp: str) -> dict:
+           layouts: str, micro_batch_tokens: int | None, sft_steps: int, trl_micro_batch: int, trl: bool,
+           tmp: str) -> dict:
     """One shape: its roofline in both dtypes, then SFT, our update per layout and TRL's, each in its own process."""
     import torch
     from transformers import AutoConfig
@@ -300,9 +303,10 @@ def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps
 
         dtype = config.load(sh.preset).trainer.dtype
     choice = numerics.choose(dtype, torch.device(device))
-    roof = {dt: roofline.measure(mc, sh.micro_batch_tokens, dt, device) for dt in numerics.DTYPES}
+    micro = micro_batch_tokens or sh.micro_batch_tokens
+    roof = {dt: roofline.measure(mc, micro, dt, device) for dt in numerics.DTYPES}
     spec = {**info, "steps": steps, "max_steps": max_steps, "clean_util": clean_util, "dtype": choice.dtype,
-            "micro_batch_tokens": sh.micro_batch_tokens, "lr": 1e-6, "trl_micro_batch": trl_micro_batch,
+            "micro_batch_tokens": micro, "lr": 1e-6, "trl_micro_batch": trl_micro_batch,
             "device": device, "tmp": tmp, "sft_steps": sft_steps, "sft_batch_tokens": sh.sft_batch_tokens,
             "sft_packed": sh.sft_packed}
     runs = [summarise("rstar2 SFT", _run_worker("sft", spec), clean_util)]

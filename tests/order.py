@@ -41,11 +41,12 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """A whole run (no paths, -k or -m chosen; not an xdist worker) that passed records its files' seconds."""
+    """A whole run (no paths, -k or -m chosen; not an xdist worker) that ran to its end, passed or with failures,
+    records its files' seconds."""
     cfg = session.config
     whole = not cfg.getoption("keyword") and not cfg.getoption("markexpr") and \
         [Path(a).resolve() for a in cfg.args] in ([], [TESTS], [TESTS.parent])
-    if hasattr(cfg, "workerinput") or exitstatus != 0 or not whole or not _seconds:
+    if hasattr(cfg, "workerinput") or exitstatus not in (0, 1) or not whole or not _seconds:
         return
     path = local_record()
     path.parent.mkdir(parents=True, exist_ok=True)
