@@ -112,8 +112,7 @@ def worker_sft(spec: dict) -> list[dict]:
     ids = [list(p) + list(r) for p, r in zip(df["prompt_ids"], df["response_ids"])]
     masks = [[0] * len(p) + list(m) for p, m in zip(df["prompt_ids"], df["loss_mask"])]
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).to(spec["device"])
-    n_batches = len(sft._batches([len(x) for x in ids], spec["sft_batch_tokens"], spec["sft_packed"], None,
-                                 sft.shared_openings(ids, masks) if spec["sft_packed"] else None))
+    n_batches = sft.batches_per_epoch(ids, masks, spec["sft_batch_tokens"], spec["sft_packed"])
     steps: list[dict] = []
     while not _enough(steps, spec):
         n = 1 if not steps else spec["sft_steps"]

@@ -79,10 +79,6 @@ OPT_IN = ("ui", "docker", "gpu")
 from tests.order import pytest_runtest_logreport, pytest_sessionfinish  # noqa: E402,F401 (hooks: file times)
 
 
-def _order(item, seconds: dict[str, float]) -> tuple:
-    return order.key(item, seconds, bool(item.get_closest_marker("e2e")))
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the flow tests' marker must be on them by then
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -95,4 +91,4 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     seconds = order.measured()  # stable sort: a file's tests stay together and in their order
-    items[:] = sorted(kept, key=lambda item: _order(item, seconds))
+    items[:] = sorted(kept, key=lambda item: order.key(item, seconds, bool(item.get_closest_marker("e2e"))))

@@ -243,8 +243,8 @@ def settle_numerics(cfg: RunCfg, previous: Path | None = None) -> tuple[RunCfg, 
     if cfg.trainer.dtype != "auto":
         return cfg, f"trainer.dtype {cfg.trainer.dtype}: set in the config"
     if previous is not None and previous.is_file():
-        before = RunCfg.model_validate_json(previous.read_text()).trainer.dtype
-        if before != "auto":
+        before = _dtype_in(previous)
+        if before in numerics.DTYPES:
             return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"dtype": before})}), \
                 f"trainer.dtype {before}: as the run started ({previous})"
     device = pick(cfg.trainer.device)
@@ -253,3 +253,14 @@ def settle_numerics(cfg: RunCfg, previous: Path | None = None) -> tuple[RunCfg, 
     choice = numerics.choose("auto", device)
     return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"dtype": choice.dtype})}), \
         f"trainer.dtype {choice.dtype}: {choice.reason}"
+
+
+def _dtype_in(config_json: Path) -> str | None:
+    """trainer.dtype in a run's config.json, or None where it cannot be read (a run whose other settings changed is
+    refused later, naming them: rstar2.run.tracking)."""
+    import json
+
+    try:
+        return json.loads(config_json.read_text()).get("trainer", {}).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return None

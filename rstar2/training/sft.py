@@ -116,6 +116,12 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     return res
 
 
+def batches_per_epoch(ids: list[list[int]], masks: list[list[int]], batch_tokens: int, packed: bool) -> int:
+    """How many optimizer steps one pass over these transcripts takes (what `fit`'s `epochs` multiplies)."""
+    return len(_batches([len(x) for x in ids], batch_tokens, packed, None,
+                        shared_openings(ids, masks) if packed else None))
+
+
 def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, lr: float, batch_tokens: int,
         warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int,
         on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
@@ -126,8 +132,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     lengths = [len(x) for x in ids]
     openings = shared_openings(ids, masks) if packed else None
-    n_batches = len(_batches(lengths, batch_tokens, packed, None, openings))
-    total = max(1, int(n_batches * epochs))
+    total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
     sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay (the paper's SFT schedule)
