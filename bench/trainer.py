@@ -50,6 +50,13 @@ def prepare(batch: Path, model: Path | None, out: Path, seed: int = 0, shape: st
     if model is None:
         model = out / "model"
         shapes.write_model(shape, model, seed)
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    top = int(max(df["prompt_ids"].list.max().max(), df["response_ids"].list.max().max()))
+    if top >= vocab:
+        raise ValueError(f"{batch} holds token id {top}, beyond {model}'s vocabulary of {vocab}: a batch recorded with "
+                         "another tokenizer (pass --batch recorded with this model, or leave --model out)")
     return {"batch": str(out / "batch.parquet"), "model": str(model), "group_size": g, "rows": df.height,
             "loss_tokens": int(df["loss_mask"].list.sum().sum()),
             "tokens": int((df["prompt_ids"].list.len() + df["response_ids"].list.len()).sum())}

@@ -20,6 +20,15 @@ def test_the_linear_layers_of_smollm2s_shape():
     assert sum(i * o * c for i, o, c in shapes.values()) == 106_168_320
 
 
+def test_a_qwen3_shape_whose_heads_are_wider_than_its_hidden_size():
+    from transformers import Qwen3Config
+
+    mc = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    shapes = {name: (i, o) for name, i, o, _ in roofline.linear_shapes(mc)}
+    assert shapes["q"] == (1024, 2048) and shapes["k"] == (1024, 1024) and shapes["o"] == (2048, 1024)
+
+
 def test_a_roofline_counts_body_and_head_tokens_apart():
     r = {"body_s_per_token": 2e-3, "head_s_per_token": 1e-3}
     # 1,000 fed tokens through the body (2 s), 400 loss tokens through the head (0.4 s); 400 counted: 400 / 2.4 s
@@ -41,6 +50,19 @@ def test_bench_trainer_reports_tokens_per_second_against_the_roofline(tmp_path):
     for r in tiny["runs"]:
         assert r["tokens_per_s"] > 0 and r["of_roofline"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
     assert "x roofline" in res.output
+
+
+def test_bench_trainer_refuses_a_batch_of_another_vocabulary_in_one_line(tmp_path):
+    from rstar2.bench import trainer_shapes
+    from rstar2.cli.main import app
+
+    trainer_shapes.write_model("tiny", tmp_path / "tiny")
+    batch = trainer_shapes.write_batch("smollm2", tmp_path)  # ids of a 49,216-token vocabulary
+    res = CliRunner().invoke(app, ["bench", "trainer", "--shapes", "tiny", "--model", str(tmp_path / "tiny"),
+                                   "--batch", str(batch), "--no-trl"])
+    out = " ".join(res.output.split())  # the console wraps long lines
+    assert res.exit_code == 2 and "beyond" in out and "vocabulary of 1432" in out
+    assert "Traceback" not in res.output
 
 
 def test_bench_trainer_refuses_an_unknown_shape_in_one_line():
