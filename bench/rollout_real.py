@@ -40,7 +40,7 @@ from rstar2.rollout import trajectory
 from rstar2.run import steps
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 from rstar2.run.controller import Controller
 from rstar2.rollout.engine import EngineActor
 from rstar2.rollout.estimator import LengthEstimator

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.policies import POLICIES, EarlyBinding, Placement, Policy, most_room
 from rstar2.rollout.scheduler import END, TOOL, Scheduler, SchedulerSession

@@ -30,7 +30,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from rstar2.run import progress
+from rstar2.core import progress
 
 console = progress.console()
 SNIPPETS = {

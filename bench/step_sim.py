@@ -34,7 +34,7 @@ import typer
 
 from rstar2.bench.rollout_sim import (STAGES, TOOLS, Hardware, Quota, Workload, WorkloadSpec, make_workload, simulate,
                                       simulate_until, warm_estimator)
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 
 MODES = ("synchronous", "overlap", "partial", "both")
 H200_BF16_FLOPS = 989e12  # dense bf16 peak of one H200
@@ -285,9 +285,9 @@ def measured_run(run_dir: Path, stage: str) -> tuple[list[Path], list[dict], dic
     sequences at most)."""
     import json
 
-    from rstar2.run import tracking
-    from rstar2.run.config import RunCfg
-    from rstar2.run.layout import RunLayout
+    from rstar2.core import tracking
+    from rstar2.core.config import RunCfg
+    from rstar2.core.layout import RunLayout
 
     layout = RunLayout.at(run_dir)
     if not layout.config.exists():
@@ -327,7 +327,7 @@ def command(prompts: int = typer.Option(512, help="prompts per step, 32 rollouts
     """The RL step at the qwen3-14b preset's shape, simulated: synchronous (colocated, and on two GPU pools),
     overlap k=1, partial rollouts and both; GPU-seconds per step and each kind of GPU's idle share. With
     --check-run, the simulator against a measured tiny campaign."""
-    from rstar2.run import progress
+    from rstar2.core import progress
     from rich.table import Table
 
     console, out = progress.console(), {}

@@ -2,11 +2,11 @@
 
 For random Qwen2 models of three sizes (the tiny world's tokenizer and chat template; layers widened), one engine
 runs as a Ray actor (as in a run) and the bench process plays the trainer holding the updated state dict:
-  disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.run.checkpoint),
+  disk:   commit a checkpoint the way a run does (safetensors weights, fsync, SHA-256 manifest: rstar2.core.checkpoint),
           then the engine reloads it from the directory;
   memory: the state dict goes once into Ray's object store and the engine reloads from it (no file);
   collective: the bench process sends the state dict to the engine's worker over a bus of their own, in buckets of
-          `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.run.weight_bus): through shared memory,
+          `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.core.weight_bus): through shared memory,
           as a run on one node does (`collective_s`), and by gloo broadcast, as across nodes (`collective_gloo_s`).
           A bus's first sync also opens it; it is reported apart (`collective_first_s`, shared memory).
 Each figure is the median of `repeats` syncs of freshly perturbed weights.
@@ -55,8 +55,8 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from rstar2.run import checkpoint, weight_bus
-    from rstar2.run.net import free_port
+    from rstar2.core import checkpoint, weight_bus
+    from rstar2.core.net import free_port
     from rstar2.rollout.engine import EngineActor, EngineSpec
 
     spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20)
@@ -96,7 +96,7 @@ def _collective(engine, bus, key: int, sd: dict) -> float:
     """Seconds from the send's start until the engine has loaded every bucket."""
     import ray
 
-    from rstar2.run import weight_bus
+    from rstar2.core import weight_bus
 
     t0 = time.perf_counter()
     load = engine.load_weights.remote(weight_bus.Incoming(bus, key, 1), f"collective-{key}")
@@ -121,7 +121,7 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
     from rich.table import Table
 
     from rstar2.rollout import cluster
-    from rstar2.run import progress
+    from rstar2.core import progress
 
     console = progress.console()
     names = [s.strip() for s in sizes.split(",") if s.strip()]

@@ -88,7 +88,7 @@ def _enough(steps: list[dict], spec: dict) -> bool:
 
 
 def worker_ours(spec: dict) -> list[dict]:
-    from rstar2.run.config import TrainerCfg
+    from rstar2.core.config import TrainerCfg
     from rstar2.training.trainer import PolicyTrainer
 
     cfg = TrainerCfg(lr=spec["lr"], warmup_steps=1, dtype=spec["dtype"], layout=spec["layout"],
@@ -258,7 +258,7 @@ def command(
 ):
     """SFT and GRPO-RoC update tokens/s against the host's GEMM roofline at each shape (fp32 and bf16), and our
     update against TRL's GRPOTrainer on the same work."""
-    from rstar2.run import progress
+    from rstar2.core import progress
 
     console = progress.console()  # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
     names = [x.strip() for x in shapes_.split(",") if x.strip()]
@@ -305,7 +305,7 @@ def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps
     mc = AutoConfig.from_pretrained(info["model"])
     sh = shapes.shape(name)
     if dtype == "preset":
-        from rstar2.run import config
+        from rstar2.core import config
 
         dtype = config.load(sh.preset).trainer.dtype
     choice = numerics.choose(dtype, torch.device(device))

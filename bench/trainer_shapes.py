@@ -37,7 +37,8 @@ def write_model(name: str, out: Path, seed: int = 0) -> None:
     if name == "tiny":
         mc = AutoConfig.from_pretrained(DATA)
     else:
-        from rstar2.run import config, plan
+        from rstar2.core import config
+        from rstar2.run import plan
 
         mc = plan.model_config(config.load(SMOLLM2.preset))
         mc.pad_token_id = mc.eos_token_id = 2
@@ -54,7 +55,8 @@ def write_batch(name: str, out: Path, seed: int = 0) -> Path:
         return DATA / "kept.parquet"
     import polars as pl
 
-    from rstar2.run import config, plan
+    from rstar2.core import config
+    from rstar2.run import plan
 
     vocab = plan.model_config(config.load(SMOLLM2.preset)).vocab_size
     rng = random.Random(seed)

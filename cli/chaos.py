@@ -32,8 +32,8 @@ from typing import Callable
 import psutil
 
 from rstar2.cli import services
-from rstar2.run import checkpoint
-from rstar2.run.layout import RunLayout
+from rstar2.core import checkpoint
+from rstar2.core.layout import RunLayout
 from rstar2.cli.chaos_checks import differences, results, verdict
 from rstar2.cli.chaos_faults import Fault, Run, Server, Unready, _servers_up, fault_table
 
@@ -144,8 +144,8 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
               say: Callable[[str], None] = print) -> dict:
     """The reference run (from `sft`, a committed SFT model, when given; else it trains its own), then each row from
     the same SFT model; returns every figure the table shows (see the module docstring)."""
-    from rstar2.run import config, tracking
-    from rstar2.run.net import free_port
+    from rstar2.core import config, tracking
+    from rstar2.core.net import free_port
 
     known = fault_table(outage_s)
     plan = parse_rows(rows, known)

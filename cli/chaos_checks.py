@@ -7,8 +7,8 @@ import hashlib
 import json
 
 
-from rstar2.run import checkpoint
-from rstar2.run.layout import KEPT, ROLLOUTS, RunLayout
+from rstar2.core import checkpoint
+from rstar2.core.layout import KEPT, ROLLOUTS, RunLayout
 
 # what a run must repeat to the digit. Not logprob_gap: the engine's log-probs of the same tokens move at the 1e-8
 # level with how turns are batched together (one engine instead of two), so it is compared as noise (GAP_NOISE)

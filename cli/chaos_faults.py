@@ -17,8 +17,8 @@ from typing import Callable
 import psutil
 
 from rstar2.cli import services
-from rstar2.run import checkpoint
-from rstar2.run.layout import ROLLOUTS, RunLayout
+from rstar2.core import checkpoint
+from rstar2.core.layout import ROLLOUTS, RunLayout
 
 @dataclass
 class Run:

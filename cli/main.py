@@ -14,7 +14,7 @@ from rstar2.bench import trainer as bench_trainer
 from rstar2.cli import env, tables
 from rstar2.cli.refuse import fail
 from rstar2.data import FORMATS as DATA_FORMATS
-from rstar2.run import progress
+from rstar2.core import progress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="rStar2-Agent: agentic RL for math with a Python tool")
 console = progress.console()
@@ -74,7 +74,7 @@ def _stopped(run_flow: Callable[[], dict]) -> dict:
     one a run-stopping check stopped, ends the command with that check's one line (under Prefect's log of it),
     anything else with its traceback."""
     from rstar2.run.preflight import PreflightError
-    from rstar2.run.tracking import ChangedParams
+    from rstar2.core.tracking import ChangedParams
 
     try:
         return run_flow()
@@ -99,8 +99,8 @@ def _run_stop(e: BaseException) -> BaseException | None:
     the template, the engines' weights against the checkpoint), unwrapped from Prefect's and Ray's errors around it;
     None for anything else."""
     from rstar2.rollout.stream_check import StreamMismatch
-    from rstar2.run.checkpoint import DiskFull
-    from rstar2.run.fingerprint import WeightSyncError
+    from rstar2.core.checkpoint import DiskFull
+    from rstar2.core.fingerprint import WeightSyncError
     from rstar2.training.trainer import LogprobGapError
 
     seen = _in_chain(e, (DiskFull, LogprobGapError, StreamMismatch, WeightSyncError))
@@ -109,7 +109,7 @@ def _run_stop(e: BaseException) -> BaseException | None:
 
 def _check_preset(preset: str, overrides: list[str]) -> None:
     """Fail fast, with one clear message, before anything starts."""
-    from rstar2.run import config
+    from rstar2.core import config
     from rstar2.run import plan
     try:
         plan.require_fit(config.load(preset, overrides))
@@ -156,7 +156,8 @@ def plan_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path")
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Whether a preset fits its hardware: per-device memory of trainer ranks and engines, and a verdict. Exit code 1
     when it does not fit (a campaign refuses such a run before any actor starts)."""
-    from rstar2.run import config, plan
+    from rstar2.core import config
+    from rstar2.run import plan
     try:
         res = plan.plan(config.load(preset, set_), gpus, gpu_mem)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
@@ -182,7 +183,8 @@ def check_cmd(preset: str = typer.Option("tiny", help="preset name or YAML path"
     each of eval.suites, the SFT transcripts, the plan's verdict and the sandbox. Exit code 1 when the run cannot
     start; dropped prompts are warnings."""
     env.apply()
-    from rstar2.run import config, preflight, runstate
+    from rstar2.core import config
+    from rstar2.run import preflight, runstate
     try:
         cfg = config.load(preset, set_)
     except Exception as e:  # noqa: BLE001 - shown to the user as one line
@@ -286,10 +288,10 @@ def solve_cmd(problem: str = typer.Argument(..., help="the problem text"),
     """Run one trajectory of a model on a problem and print it turn by turn: reasoning, code, tool output, the final
     answer, and with --answer the reward (the same agent loop, sandbox and reward check as RL)."""
     env.apply()
-    from rstar2.evaluation import solve
+    from rstar2.run import solve
     from rstar2.rollout.chat import ChatTemplateError
-    from rstar2.run import config
-    from rstar2.run.layout import RunLayout
+    from rstar2.core import config
+    from rstar2.core.layout import RunLayout
 
     _check_model_dir(checkpoint)
     if preset is None:
@@ -338,9 +340,9 @@ def sft(data: Path = typer.Option(..., exists=True, dir_okay=False, help="chat t
     """Non-reasoning SFT of any chat model: its own template renders the transcripts, loss on assistant tokens."""
     env.apply()
     _check_preset(preset, set_)
-    from rstar2.run import checkpoint, config
+    from rstar2.core import checkpoint, config
     from rstar2.training import sft as sft_lib
-    from rstar2.run.progress import bar
+    from rstar2.core.progress import bar
 
     cfg, res = config.load(preset, set_), {}
 
@@ -380,7 +382,7 @@ def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
 @app.command()
 def presets():
     """List the available presets."""
-    from rstar2.run import config
+    from rstar2.core import config
     for name in config.list_presets():
         console.print(name)
 
@@ -388,7 +390,7 @@ def presets():
 @app.command("config")
 def show_config(preset: str = "tiny", set_: list[str] = typer.Option([], "--set")):
     """Print the resolved config of a preset (with overrides)."""
-    from rstar2.run import config
+    from rstar2.core import config
     try:
         console.print_json(config.load(preset, set_).model_dump_json())
     except Exception as e:  # noqa: BLE001
@@ -464,7 +466,7 @@ def data_import(src: Path = typer.Argument(..., help="JSONL or Parquet file"),
     """Import a problem set (verl's or DAPO-Math-17k's chat-prompt layout, GSM8K, problem/solution, problem/answer,
     GPQA) into the problem schema: instruction sentences stripped, normalised, filtered, deduplicated, decontaminated;
     a report of what was dropped and why; logged to MLflow. No row left: the report, one line why, exit 1."""
-    from rstar2.run import config
+    from rstar2.core import config
     from rstar2.data import FORMATS, importer, suites
 
     if fmt not in ("auto", *FORMATS) or split not in ("rl", "eval"):
@@ -555,7 +557,7 @@ def _bench_rollout_real(preset: str, run_dir: Path, model: Optional[Path], engin
     import os
 
     from rstar2.bench import rollout_real
-    from rstar2.run import config
+    from rstar2.core import config
     saved = run_dir / "config.json"  # the run's own config (its model's context length), else the preset
     cfg = config.RunCfg.model_validate_json(saved.read_text()) if saved.exists() else config.load(preset)
     cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"num_engines": engines})})
@@ -577,7 +579,7 @@ def _bench_rollout_sim(engines: int, prompts: int, seeds: int, scenario: list[st
                        icc: Optional[float], workers: int, policies: list[str], extend: Optional[Path]) -> dict:
     import glob
 
-    from rstar2.run.config import SchedulerCfg
+    from rstar2.core.config import SchedulerCfg
     from rstar2.bench.rollout_sim import BENCH_POLICIES, SHIPPED_LENGTHS, measured_icc, scenarios, summarize, sweep
 
     unknown = set(policies) - set(BENCH_POLICIES)

@@ -75,7 +75,7 @@ def import_model(source: str = typer.Argument(..., help=f"{SOURCE_HELP}, or a Hu
     """Both steps, as `world.import_model` does: convert a GGUF file (or copy a directory), then add the tool
     template where the model's own lacks tool support."""
     from rstar2.models import importer
-    from rstar2.run.checkpoint import require_new
+    from rstar2.core.checkpoint import require_new
 
     try:
         require_new(out, "import")

@@ -7,7 +7,7 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from rstar2.run import progress
+from rstar2.core import progress
 
 console = progress.console()
 

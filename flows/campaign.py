@@ -25,9 +25,10 @@ from pydantic import BaseModel, Field
 
 from rstar2.evaluation import report
 
-from rstar2.run import config, plan, runstate
-from rstar2.run.config import RunCfg
-from rstar2.run.layout import RunRef
+from rstar2.core import config
+from rstar2.run import plan, runstate
+from rstar2.core.config import RunCfg
+from rstar2.core.layout import RunRef
 from rstar2.flows.evaluate import evaluate_checkpoint
 from rstar2.flows.stage_transition import stage_transition
 from rstar2.flows.train_stage import train_stage

@@ -19,7 +19,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from rstar2.evaluation import report
 
-from rstar2.run import config, runstate
+from rstar2.core import config
+from rstar2.run import runstate
 from rstar2.flows.campaign import CampaignParams, campaign
 from rstar2.tasks import track
 

@@ -4,7 +4,7 @@ result is attached to the checkpoint's MLflow LoggedModel. A plain HF model dire
 way.
 
 Inside a campaign it reuses the campaign's engines; as a deployment it starts its own engine. Triggered runs (the
-nightly schedule, the `rstar2.run.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,
+nightly schedule, the `rstar2.core.checkpoint.committed` event) evaluate the run's newest committed checkpoint and skip,
 starting no engine, when it is already evaluated (so a burst of checkpoints costs one evaluation, an older checkpoint
 queued behind a newer one is never run, and a night with nothing new costs nothing), when the preset turns
 on-checkpoint evaluation off (`eval.on_checkpoint`), or while the run's campaign is still running unless the preset
@@ -22,9 +22,10 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from prefect.client.schemas.objects import StateType
 from pydantic import BaseModel
 
-from rstar2.run import checkpoint, config, runstate
-from rstar2.run.config import RunCfg
-from rstar2.run.layout import RunLayout, RunRef
+from rstar2.core import checkpoint, config
+from rstar2.run import runstate
+from rstar2.core.config import RunCfg
+from rstar2.core.layout import RunLayout, RunRef
 from rstar2.tasks import rl
 from rstar2.tasks.run import run_context
 from rstar2.tasks.world import prepare_suites

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from rstar2.run.config import RunCfg, StageCfg
-from rstar2.run.layout import RunRef
+from rstar2.core.config import RunCfg, StageCfg
+from rstar2.core.layout import RunRef
 from rstar2.flows.evaluate import evaluate_loaded
 from rstar2.flows.stage_transition import StageStart
 from rstar2.tasks import rl

@@ -9,7 +9,8 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2.run import checkpoint, config, runstate
+from rstar2.core import checkpoint, config
+from rstar2.run import runstate
 from rstar2.flows.stage_transition import stage_transition
 from rstar2.flows.train_stage import train_stage
 from rstar2.tasks import rl

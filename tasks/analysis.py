@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from rstar2.evaluation import entropy
 
-from rstar2.run import tracking
+from rstar2.core import tracking
 
 from rstar2.training import device as dev
 from rstar2.rollout.chat import load_tokenizer

@@ -7,8 +7,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rstar2.run import preflight as checks
-from rstar2.run.config import RunCfg
-from rstar2.run.layout import RunLayout
+from rstar2.core.config import RunCfg
+from rstar2.core.layout import RunLayout
 from rstar2.tasks import costs
 
 

@@ -7,8 +7,8 @@ from prefect import task
 
 from rstar2.evaluation import report
 
-from rstar2.run import tracking
-from rstar2.run.layout import RunRef
+from rstar2.core import tracking
+from rstar2.core.layout import RunRef
 from rstar2.tasks import costs
 
 

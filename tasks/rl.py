@@ -1,5 +1,5 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate. Each takes the
-run's reference (rstar2.run.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
+run's reference (rstar2.core.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
 the run's Controller from the reference (rstar2.tasks.run.controller)."""
 
 import time
@@ -13,13 +13,14 @@ from pydantic import BaseModel
 
 from rstar2.rollout import partial
 from rstar2.rollout.partial import PartialRun
-from rstar2.run import checkpoint as ckpt
+from rstar2.core import checkpoint as ckpt
 from rstar2.evaluation import report
-from rstar2.run import layout, runstate, steps, tracking
-from rstar2.training import mining
-from rstar2.run.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
-from rstar2.run.layout import RunLayout, RunRef
-from rstar2.run.progress import bar
+from rstar2.core import layout, tracking
+from rstar2.run import runstate, steps
+from rstar2.run import mining
+from rstar2.core.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
+from rstar2.core.layout import RunLayout, RunRef
+from rstar2.core.progress import bar
 from rstar2.tasks import costs, publish
 from rstar2.tasks.run import controller
 
@@ -194,8 +195,8 @@ def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last:
         model_id = tracking.checkpoint_model(run.experiment_id, run.mlflow_run_id, path,
                                              {k: v for k, v in meta.items() if k != "metrics"})
     with costs.prefect():
-        emit_event("rstar2.run.checkpoint.committed",
-                   resource={"prefect.resource.id": f"rstar2.run.checkpoint.{meta.get('run', '')}."
+        emit_event("rstar2.core.checkpoint.committed",
+                   resource={"prefect.resource.id": f"rstar2.core.checkpoint.{meta.get('run', '')}."
                                                     f"{RunLayout.label(path, '.')}", "rstar2.path": path,
                              "rstar2.run": str(meta.get("run", "")), "rstar2.preset": str(meta.get("preset", "")),
                              "rstar2.run_dir": str(RunLayout.of_checkpoint(path).root)},

@@ -1,6 +1,6 @@
 """What every flow that drives engines enters first: `run_context` builds the world, opens the run's MLflow run and
 creates its Controller (rstar2/run/controller.py), and on the way out stops the actors and, for the run's own flow,
-closes the MLflow run FINISHED or FAILED. It yields the run's reference (rstar2.run.layout.RunRef), the one run-level
+closes the MLflow run FINISHED or FAILED. It yields the run's reference (rstar2.core.layout.RunRef), the one run-level
 value flows and tasks pass on; `controller` finds the run's Controller from it. The flow starts the actors
 (rstar2.tasks.rl.start_actors) once it knows the model they load."""
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 from rstar2.run.controller import Controller
-from rstar2.run.layout import RunLayout, RunRef, WorldPaths
+from rstar2.core.layout import RunLayout, RunRef, WorldPaths
 from rstar2.tasks import track
 from rstar2.tasks.world import build_world
 

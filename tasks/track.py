@@ -1,5 +1,5 @@
 """MLflow writes as tasks, so each is a node of its flow's graph (retried, timed and logged like the rest). Runs are
-addressed by id (rstar2.run.tracking); a retried flow finds its runs again by key and keeps logging into them."""
+addressed by id (rstar2.core.tracking); a retried flow finds its runs again by key and keeps logging into them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from rstar2.evaluation import health
 
-from rstar2.run import tracking
+from rstar2.core import tracking
 from rstar2.tasks import costs
 
 

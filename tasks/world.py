@@ -5,7 +5,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from rstar2.training import sft
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 from rstar2.world import build
 from rstar2.tasks import costs
 
@@ -27,8 +27,8 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
 @costs.work
 def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
     """Non-reasoning SFT; returns the SFT model dir (committed only when training finished)."""
-    from rstar2.run import checkpoint
-    from rstar2.run.progress import bar
+    from rstar2.core import checkpoint
+    from rstar2.core.progress import bar
 
     if checkpoint.is_committed(Path(out_dir)):
         return out_dir  # a retried campaign does not redo a finished SFT

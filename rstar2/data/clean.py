@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from rstar2.reward import last_boxed
+from rstar2.data.answers import last_boxed
 
 _INT = re.compile(r"^[+-]?\d+$")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+$")

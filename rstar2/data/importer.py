@@ -97,7 +97,7 @@ def log_to_mlflow(experiment: str, out_dir: str, out_uri: str, rep: Report) -> s
     """The imported table as a dataset input of an MLflow run of its own (keyed by the output file, so importing
     again logs into the same run), the report as its lineage artifact and its counts as metrics; returns the run id.
     An import that kept no row has no table: only its report and counts are logged."""
-    from rstar2.run import tracking
+    from rstar2.core import tracking
     exp_id = tracking.setup(experiment, out_dir)
     name = Path(out_uri).stem
     run_id = tracking.find_or_create_run(exp_id, f"data-import-{name}", f"data-import:{Path(out_uri).resolve()}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from rstar2.run.config import SuiteCfg
+from rstar2.core.config import SuiteCfg
 from rstar2.data import clean, formats, schema
 
 

@@ -1,6 +1,6 @@
 """Model directories as `rstar2 solve` and `rstar2 export` take them, and the export itself.
 
-In: a run's checkpoint (rstar2.run.checkpoint: the Hugging Face weights, config and tokenizer beside the trainer's
+In: a run's checkpoint (rstar2.core.checkpoint: the Hugging Face weights, config and tokenizer beside the trainer's
 optimizer / RNG / DeepSpeed state, sealed by COMMITTED.json; an SFT model is the same without trainer state) or a
 plain Hugging Face model directory. Out: a plain Hugging Face model directory (safetensors weights, config,
 generation config, tokenizer with its chat template) and nothing else, which `vllm serve` and transformers load as is.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 from rstar2.rollout.chat import ChatFormat
 
 # what a Hugging Face causal LM directory is made of (weights possibly sharded); everything else stays behind

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from rstar2.data.files import locate, sha256
-from rstar2.run.checkpoint import require_new, write_dir_atomic
+from rstar2.core.checkpoint import require_new, write_dir_atomic
 
 RECORD = "rstar2_model.json"  # what was done to a model directory: its source, and tools.add's changes
 

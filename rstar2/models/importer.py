@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rstar2.data import files
 from rstar2.models import gguf, tools
-from rstar2.run.checkpoint import write_dir_atomic
+from rstar2.core.checkpoint import write_dir_atomic
 
 
 def is_gguf(source: str) -> bool:

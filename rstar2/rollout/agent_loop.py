@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.partial import Cut
 from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,

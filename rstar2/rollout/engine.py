@@ -15,7 +15,7 @@ every step when stats are on.
 
 Weights are reloaded in place with vLLM's `reload_weights` (no engine restart), from a checkpoint directory, from a
 state dict in memory (the trainer's gathered weights, through Ray's object store: no disk on the way), or bucket by
-bucket as trainer rank 0 sends them to every worker (rstar2.run.weight_bus: a broadcast, or shared memory); then the CPU LM head is repacked,
+bucket as trainer rank 0 sends them to every worker (rstar2.core.weight_bus: a broadcast, or shared memory); then the CPU LM head is repacked,
 and the prefix cache is reset so no stale KV is reused. A reload pauses admission: requests arriving meanwhile are
 held, in-flight ones drain first (they finish on the old weights; in the RL loop a reload comes between steps, so
 there are none), then the reload runs and the held requests are admitted. Draining rather than aborting means no
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run import weight_bus
-from rstar2.run.config import RunCfg
+from rstar2.core import weight_bus
+from rstar2.core.config import RunCfg
 
 # a finished turn: (new token ids, finish reason "stop" | "length", the engine's stats right after, the engine's
 # log-prob of each new token when the request asked for them, else None)
@@ -102,7 +102,7 @@ class Backend(Protocol):
         """Drop the prefix cache (no request running)."""
 
     def fingerprint(self) -> tuple[str, str | None]:
-        """(dtype, fingerprint) of the weights the model holds (rstar2.run.fingerprint)."""
+        """(dtype, fingerprint) of the weights the model holds (rstar2.core.fingerprint)."""
 
     def stats(self) -> dict:
         """{"kv_usage": fraction of KV blocks in use, "preemptions": cumulative count; optionally "running" and
@@ -201,7 +201,7 @@ class EngineLoop:
         return self._when_drained(lambda: self.backend.reload(weights))
 
     def fingerprint(self) -> Future:
-        """A Future of the served weights' (dtype, fingerprint) (rstar2.run.fingerprint), read between engine steps."""
+        """A Future of the served weights' (dtype, fingerprint) (rstar2.core.fingerprint), read between engine steps."""
         out: list = []
         fut: Future = Future()
         done = self._when_drained(lambda: out.append(self.backend.fingerprint()))
@@ -485,7 +485,7 @@ class VLLMEngine:
         return self.loop.reset_cache().result()
 
     def fingerprint(self) -> tuple[str, str | None]:
-        """(dtype, content fingerprint) of the weights this engine serves (rstar2.run.fingerprint)."""
+        """(dtype, content fingerprint) of the weights this engine serves (rstar2.core.fingerprint)."""
         return self.loop.fingerprint().result()
 
     def sleep(self) -> float:
@@ -628,13 +628,13 @@ class EngineActor(VLLMEngine):
 
 
 def _fingerprint(worker) -> tuple[str, str | None]:
-    from rstar2.run import fingerprint
+    from rstar2.core import fingerprint
 
     return fingerprint.of_model(worker.model_runner.model)
 
 
 def _receive_weights(worker, sync: weight_bus.Incoming) -> None:
-    """A worker's share of a collective sync: it loads each bucket's tensors as they arrive (rstar2.run.weight_bus)."""
+    """A worker's share of a collective sync: it loads each bucket's tensors as they arrive (rstar2.core.weight_bus)."""
     device = next(worker.model_runner.model.parameters()).device
     tensors = weight_bus.receive(sync, worker.rank, device)
     worker.model_runner.reload_weights(weights_iterator=tensors)

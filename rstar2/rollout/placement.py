@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 
 CPU_SLIVER = 0.01  # a CPU-only bundle must hold something; actors take num_cpus=0 inside it (they take turns)
 SHARED = 0.5  # colocated: the trainer rank's and the engine's share of one GPU

@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.policies import POLICIES, Margin, Policy, Refused
 

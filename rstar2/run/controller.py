@@ -28,9 +28,9 @@ from ray.exceptions import RayActorError
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.cluster import EngineClient
-from rstar2.run import fingerprint, weight_bus
-from rstar2.run.config import RunCfg, SandboxCfg
-from rstar2.run.fingerprint import WeightSyncError
+from rstar2.core import fingerprint, weight_bus
+from rstar2.core.config import RunCfg, SandboxCfg
+from rstar2.core.fingerprint import WeightSyncError
 from rstar2.rollout.engine import EngineActor, EngineSpec, sleep_mode_available
 from rstar2.rollout.agent_loop import EngineSet
 from rstar2.rollout.estimator import LengthEstimator
@@ -74,7 +74,7 @@ class Controller:
         self._bus: weight_bus.Bus | None = None
         self._bus_members: tuple = ()
         self._bus_key = 0
-        self.last_sync: dict = {}  # the last sync's figures: a collective one's (rstar2.run.weight_bus.send)
+        self.last_sync: dict = {}  # the last sync's figures: a collective one's (rstar2.core.weight_bus.send)
 
     def identity(self) -> dict:
         names, trainer = actor_names(self.run_id, len(self.engines))
@@ -206,7 +206,7 @@ class Controller:
         - disk: read back from `ckpt_dir` (engines and trainer must share a filesystem);
         - memory: rank 0's gathered state dict goes once into Ray's object store and each engine's reload reads it
           from there (zero-copy on the trainer's node; on GPUs it stages through host memory);
-        - collective: rank 0 sends them in buckets over a bus of its own with every engine worker (rstar2.run.weight_bus:
+        - collective: rank 0 sends them in buckets over a bus of its own with every engine worker (rstar2.core.weight_bus:
           NCCL on GPUs; on CPUs shared memory when all share its node, else gloo), each engine loading a bucket as it
           arrives.
         No file is read on the memory and collective paths. `last_sync`: this sync's figures (collective only)."""
@@ -273,7 +273,7 @@ class Controller:
                   flush=True)
 
     def _check_weights(self, model_dir: str) -> None:
-        """Each engine's weights, read back from its model, against `model_dir`'s (rstar2.run.fingerprint):
+        """Each engine's weights, read back from its model, against `model_dir`'s (rstar2.core.fingerprint):
         WeightSyncError naming the engines that serve anything else. A directory without safetensors has nothing
         to compare against."""
         if not self.fingerprints_comparable:
@@ -284,7 +284,7 @@ class Controller:
         if wrong:
             raise WeightSyncError(f"after loading {model_dir}: {', '.join(wrong)} against the checkpoint's "
                                   f"{', '.join(f'{v} ({k})' for k, v in want.items())}; the weights did not reach "
-                                  "them (rstar2.run.fingerprint)")
+                                  "them (rstar2.core.fingerprint)")
 
     # --- trainer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4, "auto": 2}
@@ -257,7 +257,7 @@ def settle_numerics(cfg: RunCfg, previous: Path | None = None) -> tuple[RunCfg, 
 
 def _dtype_in(config_json: Path) -> str | None:
     """trainer.dtype in a run's config.json, or None where it cannot be read (a run whose other settings changed is
-    refused later, naming them: rstar2.run.tracking)."""
+    refused later, naming them: rstar2.core.tracking)."""
     import json
 
     try:

@@ -27,9 +27,9 @@ import polars as pl
 
 from rstar2.rollout import trajectory
 
-from rstar2.run import checkpoint
-from rstar2.run.config import RunCfg, model_positions
-from rstar2.run.layout import RunLayout
+from rstar2.core import checkpoint
+from rstar2.core.config import RunCfg, model_positions
+from rstar2.core.layout import RunLayout
 from rstar2.world import build
 
 OK, WARN, FAIL = "ok", "warn", "fail"

@@ -1,4 +1,4 @@
-"""Where a run stands, read from its run directory alone (rstar2.run.layout names its paths): which stages are finished,
+"""Where a run stands, read from its run directory alone (rstar2.core.layout names its paths): which stages are finished,
 which checkpoint a stage starts from, where a retried run resumes. Everything here is derived from committed files
 (checkpoints, stage markers), so a run killed at any point and retried continues from its last commit with the same
 data order: no step lost, none done twice."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rstar2.run import checkpoint
-from rstar2.run.config import RunCfg, StageCfg
-from rstar2.run.layout import RunLayout
+from rstar2.core import checkpoint
+from rstar2.core.config import RunCfg, StageCfg
+from rstar2.core.layout import RunLayout
 from rstar2.world import build
 
 

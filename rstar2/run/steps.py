@@ -17,12 +17,12 @@ import polars as pl
 from rstar2.evaluation import stats
 
 from rstar2.rollout import partial, stream_check, trajectory
-from rstar2.run import checkpoint as ckpt
+from rstar2.core import checkpoint as ckpt
 
 from rstar2.training import roc
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run.config import EvalCfg, RoCCfg, RolloutCfg, SchedulerCfg
+from rstar2.core.config import EvalCfg, RoCCfg, RolloutCfg, SchedulerCfg
 from rstar2.data import clean
 from rstar2.data.schema import validate
 from rstar2.rollout.estimator import LengthEstimator

@@ -31,7 +31,7 @@ def limits_of(cfg) -> SandboxLimits:
 
 
 def connect(cfg) -> Backend:
-    """`cfg` is a `rstar2.run.config.SandboxCfg`."""
+    """`cfg` is a `rstar2.core.config.SandboxCfg`."""
     from rstar2.sandbox.client import BatchingClient, HttpTransport, SyncSandbox
 
     batching = dict(batch_size=cfg.batch_size, senders=cfg.senders, retries=cfg.retries)

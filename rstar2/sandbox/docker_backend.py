@@ -21,7 +21,7 @@ import json
 import time
 import urllib.request
 
-from rstar2.run.net import free_port
+from rstar2.core.net import free_port
 from rstar2.sandbox.api import SandboxLimits, SandboxUnavailable
 
 DEFAULT_IMAGE = "rstar2-sandbox:latest"

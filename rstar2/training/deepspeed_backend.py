@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from rstar2.run.config import TrainerCfg
-from rstar2.run.net import free_port
+from rstar2.core.config import TrainerCfg
+from rstar2.core.net import free_port
 from rstar2.training.optim import adamw, lr_lambda
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rstar2.run.config import TrainerCfg
+from rstar2.core.config import TrainerCfg
 
 
 def lr_lambda(c: TrainerCfg):

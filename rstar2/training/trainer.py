@@ -42,12 +42,12 @@ import numpy as np
 import polars as pl
 import torch
 
-from rstar2.run import checkpoint, weight_bus
-from rstar2.run.net import free_port
+from rstar2.core import checkpoint, weight_bus
+from rstar2.core.net import free_port
 
 from rstar2.training import device as dev, grpo, numerics
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
-from rstar2.run.config import TrainerCfg
+from rstar2.core.config import TrainerCfg
 from rstar2.training.optim import adamw, lr_lambda
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.models import tools
@@ -264,7 +264,7 @@ class PolicyTrainer:
         return ray.util.get_node_ip_address(), free_port("")
 
     def broadcast_weights(self, bus: weight_bus.Bus, key: int) -> dict | None:
-        """trainer.weight_sync=collective: rank 0 sends the current weights to the engines (rstar2.run.weight_bus);
+        """trainer.weight_sync=collective: rank 0 sends the current weights to the engines (rstar2.core.weight_bus);
         {"sync_bytes", "sync_buckets", "sync_shared"}, None on other ranks. The torch backend sends from its own parameters (no
         copy), DeepSpeed from rank 0's gathered state dict (every rank takes part in the gather)."""
         weights = self.model.state_dict() if isinstance(self.backend, TorchBackend) else self.backend.full_state_dict()

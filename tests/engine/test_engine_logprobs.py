@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
-from rstar2.run.config import SchedulerCfg, TrainerCfg
+from rstar2.core.config import SchedulerCfg, TrainerCfg
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.rollout.trajectory import RolloutLimits, to_rows
 from rstar2.run.steps import ToolDisabled

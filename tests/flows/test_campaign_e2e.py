@@ -14,7 +14,7 @@ import mlflow
 import polars as pl
 import pytest
 
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 pytestmark = pytest.mark.e2e
 
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.5", "eval.samples=2",
@@ -127,7 +127,7 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     models = client.search_logged_models([exp])
     names = {m.name for m in models}
     assert {"stage1-short-1", "stage1-short-2", "stage2-long-1", "stage3-hard-1"} <= names
-    final = next(m for m in models if m.tags.get("rstar2.run.checkpoint") == summary["final_checkpoint"])
+    final = next(m for m in models if m.tags.get("rstar2.core.checkpoint") == summary["final_checkpoint"])
     assert {m.key: m.value for m in final.metrics}["eval_pass1"] == pytest.approx(summary["pass1_rl"])
 
 
@@ -141,7 +141,7 @@ def test_the_evaluate_deployment_flow_scores_a_checkpoint_on_its_own(campaign_ru
     scored = pl.read_parquet(run_dir / "eval" / "stage1-short-step-0001-test.parquet")
     assert scored.height == 12
     model = _mlflow(run_dir).search_logged_models(
-        [_mlflow(run_dir).get_run(summary["mlflow_run_id"]).info.experiment_id], f"tags.`rstar2.run.checkpoint` = '{ckpt}'")
+        [_mlflow(run_dir).get_run(summary["mlflow_run_id"]).info.experiment_id], f"tags.`rstar2.core.checkpoint` = '{ckpt}'")
     assert {m.key: m.value for m in model[0].metrics}["eval_pass1"] == pytest.approx(res["pass1"])
 
 

@@ -10,8 +10,9 @@ import mlflow
 import polars as pl
 import pytest
 
-from rstar2.run import config, runstate
-from rstar2.run.layout import RunLayout
+from rstar2.core import config
+from rstar2.run import runstate
+from rstar2.core.layout import RunLayout
 from rstar2.data import clean
 from rstar2.reward import extract_answer
 from rstar2.world import build
@@ -51,7 +52,7 @@ def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rstar2-tiny").experiment_id
     mlrun = client.search_runs([exp], f"tags.`rstar2.key` = '{run}'")[0]
-    logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.run.checkpoint") == model)
+    logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.core.checkpoint") == model)
     on_model = {m.key: m.value for m in logged.metrics}
     for suite, golds in (("aime", {"408", "5"}), ("math500", {"\\frac{3}{4}", "2\\sqrt{3}"})):
         scored = pl.read_parquet(run / "eval" / "init_model-test" / f"{suite}.parquet")

@@ -12,8 +12,9 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
 from rstar2.flows.evaluate import EvalParams, campaign_running, evaluate
-from rstar2.run import checkpoint, config, runstate
-from rstar2.run.layout import RunLayout
+from rstar2.core import checkpoint, config
+from rstar2.run import runstate
+from rstar2.core.layout import RunLayout
 
 
 @pytest.fixture()

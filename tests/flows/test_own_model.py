@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 from rstar2.rollout.template import TOOL_SCHEMA
 
 pytestmark = pytest.mark.e2e
@@ -117,7 +117,7 @@ def test_own_model_data_and_suites_through_sft_rl_and_evaluation(tmp_path, qwen_
     assert stage["update_tokens"] > 0 and not stage.get("skipped")  # the trainer updated the SFT'd fixture
     assert stage["sync_shared"] == 1 and stage["sync_bytes"] > 0  # and sent it through shared memory (checked inside)
     metrics = client.get_run(summary["mlflow_run_id"]).data.metrics  # the latest values: the final evaluation's
-    logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.run.checkpoint") == str(final))
+    logged = next(m for m in client.search_logged_models([exp]) if m.tags.get("rstar2.core.checkpoint") == str(final))
     on_model = {m.key: m.value for m in logged.metrics}
     for suite, golds in (("aime", {"204", "30"}), ("math500", {"\\frac{5}{6}", "3\\sqrt{2}"})):
         for name in ("sft-test", "final-test"):  # SFT's evaluation and the final one, each on both suites

@@ -13,7 +13,8 @@ import pytest
 
 from rstar2.evaluation import stats
 
-from rstar2.run import checkpoint, steps
+from rstar2.core import checkpoint
+from rstar2.run import steps
 pytestmark = pytest.mark.e2e
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=2",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=160",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rstar2.models import tools
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 from rstar2.training import numerics as numerics_
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ import ray
 
 from rstar2.cli.services import stop_tree, tree, wait_http
 from rstar2.rollout import cluster
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e

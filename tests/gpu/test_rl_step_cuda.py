@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 from tests.flows.test_own_model import AIME, _jsonl, dapo_rows, transcripts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("vllm_cuda")]

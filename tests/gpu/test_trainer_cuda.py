@@ -5,7 +5,7 @@ algorithms on, as cuBLAS and the embedding backward are otherwise free to reorde
 import pytest
 import torch
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.training.trainer import PolicyTrainer
 from tests.unit.test_trainer import batch
 

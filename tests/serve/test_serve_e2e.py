@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from rstar2.cli import services
-from rstar2.run import config
+from rstar2.core import config
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -139,7 +139,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path, monke
         newest = sorted(run.glob("checkpoints/*/step-*"))[-1]
         client = mlflow.MlflowClient(second.env["MLFLOW_TRACKING_URI"])
         exp = client.get_experiment_by_name(config.load("tiny", SMOKE).experiment).experiment_id
-        model = client.search_logged_models([exp], f"tags.`rstar2.run.checkpoint` = '{newest}'")
+        model = client.search_logged_models([exp], f"tags.`rstar2.core.checkpoint` = '{newest}'")
         assert "eval_pass1" in {m.key for m in model[0].metrics}
     finally:
         started = second.stop(then)

@@ -76,7 +76,7 @@ def test_an_unknown_fault_is_refused_before_anything_runs():
 
 def test_the_check_that_stopped_a_run_is_found_under_the_errors_around_it():
     from rstar2.cli.main import _run_stop
-    from rstar2.run.checkpoint import DiskFull
+    from rstar2.core.checkpoint import DiskFull
 
     full = DiskFull(28, "step-0002: the disk filled up while it was written")
     try:
@@ -93,7 +93,7 @@ def test_a_refused_or_stopped_campaign_ends_with_one_line_and_anything_else_with
     import typer
 
     from rstar2.cli.main import _stopped
-    from rstar2.run.checkpoint import DiskFull
+    from rstar2.core.checkpoint import DiskFull
     from rstar2.run.preflight import PreflightError
 
     def raising(e: BaseException):

@@ -148,7 +148,7 @@ def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(qwen_t
 
 def test_a_run_refuses_such_a_model_before_any_actor_starts(bare_qwen, tmp_path, monkeypatch):
     from rstar2.rollout import cluster
-    from rstar2.run import config
+    from rstar2.core import config
     from rstar2.run.controller import Controller
 
     monkeypatch.setattr(cluster, "init", lambda: pytest.fail("Ray was started for a model that cannot run"))

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import RayActorError
 
-from rstar2.run import config, controller
+from rstar2.core import config
+from rstar2.run import controller
 from rstar2.run.controller import Controller
 
 
@@ -194,7 +195,7 @@ def test_sync_trained_by_weight_sync_mode(fake_ray, mode):
 
 
 def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
-    from rstar2.run.weight_bus import Incoming
+    from rstar2.core.weight_bus import Incoming
 
     PORTS.clear()
     ctl = Controller("run")

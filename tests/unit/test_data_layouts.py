@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.data import decontam, formats, importer
 from rstar2.world import build
 
@@ -260,7 +260,7 @@ def test_every_row_is_written_or_counted(tmp_path):
 
 
 def test_a_gsm8k_test_file_is_an_integer_suite(tmp_path):
-    from rstar2.run.config import SuiteCfg
+    from rstar2.core.config import SuiteCfg
     from rstar2.data import suites
 
     path = _jsonl(tmp_path / "gsm8k_test.jsonl", [{"question": NATALIA, "answer": "24 + 48 = 72\n#### 72"},

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from rstar2.run import checkpoint
+from rstar2.core import checkpoint
 
 
 @pytest.fixture()

@@ -3,9 +3,9 @@ sleep mode, KV size), on the paper's multi-GPU preset where every field differs 
 
 import pytest
 
-from rstar2.evaluation import solve
+from rstar2.run import solve
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.rollout.engine import EngineSpec
 
 

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from rstar2.evaluation import export
 
-from rstar2.run import checkpoint, config
-from rstar2.run.config import TrainerCfg
+from rstar2.core import checkpoint, config
+from rstar2.core.config import TrainerCfg
 from rstar2.training.trainer import STATE_FILE, PolicyTrainer
 from rstar2.world import build
 from rstar2.rollout.chat import load_tokenizer as load

@@ -1,4 +1,4 @@
-"""The weights' content fingerprint (rstar2.run.fingerprint) on hand-made tensors, and the controller's check after a
+"""The weights' content fingerprint (rstar2.core.fingerprint) on hand-made tensors, and the controller's check after a
 sync (rstar2.run.controller `_check_weights`) against engines that hold the checkpoint, an older one, or another dtype's
 rounding of it. Real vLLM engines: tests/engine/test_weight_sync.py."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rstar2.run import fingerprint
-from rstar2.run.fingerprint import WeightSyncError
+from rstar2.core import fingerprint
+from rstar2.core.fingerprint import WeightSyncError
 
 
 def _weights(scale: float = 1.0) -> dict[str, torch.Tensor]:

@@ -121,7 +121,7 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     per step, the metric collapse_alert 0/1 and the step's metrics on the stage run, the headline on the campaign
     run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
     1-9, then step 10 runs) recomputes the same tags."""
-    from rstar2.run import tracking
+    from rstar2.core import tracking
     from rstar2.tasks import costs
     from rstar2.tasks.track import log_step
 

@@ -6,6 +6,19 @@ circle. Read from the source with `ast`, imports at any depth included (inside f
     tasks/   Prefect tasks                                     may import rstar2
     bench/   benchmarks and the rollout simulator              may import rstar2
     rstar2/  the library (no Prefect, no command line)         imports none of the above
+
+Inside the library the folders stack the same way, each importing only itself and the folders below it (LIBRARY):
+
+    run/         orchestration: controller, steps, preflight, plan, runstate, ablations, mining, solve
+    evaluation/  pass@k statistics, reports, health, entropy, export
+    world/       the tiny world and GSM-style word problems, SFT transcripts, the initial model
+    training/    trainer, GRPO, RoC, SFT, batching, numerics
+    models/      pretrained models brought in (GGUF, tool templates)
+    reward       the verifier (rstar2/reward.py)
+    rollout/     engines, the agent loop, chat templates, trajectories
+    data/        problem tables: schema, layouts, cleaning, answer parsing
+    sandbox/     isolated code execution
+    core/        config, layout, atomic commits and checkpoints, tracking, progress, weight bus
 """
 
 import ast
@@ -17,7 +30,8 @@ ALLOWED = {"rstar2": {"rstar2"}, "tasks": {"tasks", "rstar2"}, "flows": {"flows"
 FORBIDDEN_THIRD_PARTY = {"rstar2": {"prefect", "prefect_ray", "typer"}}  # no orchestration, no command line
 
 
-APPS = ("cli", "flows", "tasks", "bench")  # folders beside rstar2/ in the repository, installed as rstar2.<folder>
+APPS = ("cli", "flows", "tasks", "bench")
+LIBRARY = ("core", "sandbox", "data", "rollout", "reward", "models", "training", "world", "evaluation", "run")  # folders beside rstar2/ in the repository, installed as rstar2.<folder>
 
 
 def _modules() -> dict[str, Path]:
@@ -70,6 +84,37 @@ def test_each_floor_imports_only_the_floors_below():
             if (top in ALLOWED and top not in ALLOWED[floor]) or top in FORBIDDEN_THIRD_PARTY.get(floor, ()):
                 bad.append(f"{mod} imports {dep}")
     assert not bad, "imports against the layout:\n" + "\n".join(sorted(bad))
+
+
+def _library_folder(module: str) -> str | None:
+    """The library folder a module is in (rstar2.run.steps -> run, rstar2.reward -> reward); None outside them."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rstar2" and len(parts) > 1 and parts[1] in LIBRARY else None
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a library folder to one above it in LIBRARY."""
+    bad = []
+    for mod, deps in graph.items():
+        here = _library_folder(mod)
+        for dep in deps:
+            there = _library_folder(dep)
+            if here and there and LIBRARY.index(there) > LIBRARY.index(here):
+                bad.append(f"{mod} ({here}) imports {dep} ({there}), a folder above it")
+    return sorted(bad)
+
+
+def test_the_library_folders_stack():
+    assert _upward(_graph()) == [], "imports that run back up:\n" + "\n".join(_upward(_graph()))
+
+
+def test_a_planted_upward_import_is_caught():
+    graph = _graph()
+    assert set(LIBRARY) == {_library_folder(m) for m in graph} - {None}, "a library folder missing from LIBRARY"
+    graph["rstar2.core.checkpoint"] = graph["rstar2.core.checkpoint"] | {"rstar2.run.controller"}
+    graph["rstar2.data.clean"] = graph["rstar2.data.clean"] | {"rstar2.reward"}
+    assert _upward(graph) == ["rstar2.core.checkpoint (core) imports rstar2.run.controller (run), a folder above it",
+                              "rstar2.data.clean (data) imports rstar2.reward (reward), a folder above it"]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from rstar2.training.mining import candidates, hard_set
+from rstar2.run.mining import candidates, hard_set
 
 
 def _problems(n):

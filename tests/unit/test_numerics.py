@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from rstar2.run import config, plan
+from rstar2.core import config
+from rstar2.run import plan
 from rstar2.training import numerics
 
 CPU = torch.device("cpu")
@@ -70,7 +71,7 @@ def test_a_gpu_run_planned_from_a_machine_without_one_leaves_it_to_the_ranks(mon
 
 def test_the_trainer_and_sft_settle_auto_themselves(monkeypatch, tmp_path):
     from rstar2.bench import trainer_shapes
-    from rstar2.run.config import TrainerCfg
+    from rstar2.core.config import TrainerCfg
     from rstar2.training.trainer import PolicyTrainer
 
     trainer_shapes.write_model("tiny", tmp_path / "m")

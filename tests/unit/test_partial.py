@@ -9,7 +9,7 @@ from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.partial import Carry, Cut, cut_back
 from rstar2.rollout.trajectory import Trajectory
 from rstar2.run import steps
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 from tests.unit.test_rollout import ANSWER, CALL, FakeEngine, chat, scripted  # noqa: F401 - chat is a fixture
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]

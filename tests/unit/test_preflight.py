@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from rstar2.rollout import trajectory
 
-from rstar2.run import config, preflight
+from rstar2.core import config
+from rstar2.run import preflight
 from rstar2.rollout.chat import ChatFormat
 from rstar2.world import build
 from rstar2.world.tokenizer import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
@@ -197,7 +198,7 @@ def test_a_given_sft_model_is_the_one_checked_its_context_and_its_commit(tmp_pat
     import shutil
 
     from rstar2.cli.main import app
-    from rstar2.run import checkpoint
+    from rstar2.core import checkpoint
 
     base = _own_model_world(tmp_path, str(qwen_model_dir), ["What is 2 + 3?"])  # the base model's context: 2,048
 

@@ -1,7 +1,7 @@
 """Long phases report progress in a log too (no terminal): a line at most every `every_s` seconds, none for a phase
 shorter than that."""
 
-from rstar2.run import progress
+from rstar2.core import progress
 def test_a_log_gets_a_line_per_interval(monkeypatch, capsys):
     clock = iter([0.0, 10.0, 61.0, 90.0, 125.0])  # start, then one reading per update
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))

@@ -1,4 +1,4 @@
-"""The run layout (rstar2.run.layout) is the only code that builds or parses a run's paths, and flows and tasks take few
+"""The run layout (rstar2.core.layout) is the only code that builds or parses a run's paths, and flows and tasks take few
 parameters: the run reference and the config sections they use."""
 
 import ast
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.run.layout import RunLayout, RunRef, WorldPaths
+from rstar2.core.layout import RunLayout, RunRef, WorldPaths
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("rstar2", "flows", "tasks")
@@ -66,7 +66,7 @@ def test_no_run_path_is_built_outside_the_layout():
     found = []
     for layer in LAYERS:
         for f in sorted((ROOT / layer).rglob("*.py")):
-            if f == ROOT / "rstar2" / "run" / "layout.py":
+            if f == ROOT / "rstar2" / "core" / "layout.py":
                 continue
             tree = ast.parse(f.read_text())
             rel = f.relative_to(ROOT)
@@ -74,7 +74,7 @@ def test_no_run_path_is_built_outside_the_layout():
                       and isinstance(n.value, ast.Attribute) and n.value.attr == "parents"]
             found += [f"{rel}:{line}: {s!r}" for line, s in _path_parts(tree)
                       if s.strip("/") == "checkpoints" or "step-" in s and "step-to-step" not in s]
-    assert not found, "run paths built outside rstar2/run/layout.py:\n" + "\n".join(found)
+    assert not found, "run paths built outside rstar2/core/layout.py:\n" + "\n".join(found)
 
 
 def _flows_and_tasks():

@@ -3,8 +3,9 @@ generated one, or world.base_model), never a `<run>/sft` that SFT-off runs do no
 
 from pathlib import Path
 
-from rstar2.run import config, runstate
-from rstar2.run.layout import RunLayout
+from rstar2.core import config
+from rstar2.run import runstate
+from rstar2.core.layout import RunLayout
 
 
 def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp_path):
@@ -36,7 +37,7 @@ def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(t
 def test_speed_from_the_committed_sft_and_steps(tmp_path):
     import json
 
-    from rstar2.run import checkpoint
+    from rstar2.core import checkpoint
 
     cfg = config.load("tiny", [f"out_dir={tmp_path}", "stages=[{name: s1, steps: 3, prompts_per_step: 2}]"])
     run = RunLayout.of(tmp_path, "r")

@@ -159,7 +159,7 @@ def test_files_outside_the_sandbox(service, tmp_path):
     canary = tmp_path / "host-canary.txt"
     canary.write_text("host secret")
     canary.chmod(0o644)
-    reads = ["/etc/shadow", str(PROJECT_ROOT / "README.md"), str(PROJECT_ROOT / "rstar2" / "run" / "config.py"), str(canary)]
+    reads = ["/etc/shadow", str(PROJECT_ROOT / "README.md"), str(PROJECT_ROOT / "rstar2" / "core" / "config.py"), str(canary)]
     writes = [str(PROJECT_ROOT / "pwned.txt"), "/etc/pwned", "/var/tmp/pwned", str(tmp_path / "pwned")]
     code = "import os\nout = []\n"
     for path in reads:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.training import sft
 
 

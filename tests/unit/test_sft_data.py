@@ -116,7 +116,7 @@ def test_the_tiny_worlds_sft_numerics_did_not_change(tmp_path):
     import json
     import zlib
 
-    from rstar2.run import config
+    from rstar2.core import config
 
     from rstar2.training import sft, transcripts
     from rstar2.training.batching import token_budget_batches

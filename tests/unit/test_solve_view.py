@@ -1,4 +1,4 @@
-"""`rstar2 solve`'s view of a trajectory (rstar2.evaluation.solve.turns, rstar2.cli.tables.trajectory_view): each model
+"""`rstar2 solve`'s view of a trajectory (rstar2.run.solve.turns, rstar2.cli.tables.trajectory_view): each model
 turn split into its reasoning and its tool call (code, input, status, the text the tool sent back), then the final
 answer and the reward. The real engine run of the command: tests/engine/test_look.py."""
 
@@ -8,7 +8,7 @@ from rstar2.cli.tables import trajectory_view
 from rstar2.rollout import template as T
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.trajectory import Trajectory
-from rstar2.evaluation.solve import turns
+from rstar2.run.solve import turns
 from rstar2.world import tokenizer as tiny
 
 CHAT = ChatFormat.from_template(tiny.CHAT_TEMPLATE, tiny.SPECIAL_TOKENS, "the tiny world's template")

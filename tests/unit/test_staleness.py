@@ -7,8 +7,8 @@ import pytest
 
 from rstar2.flows.rl_step import policy, staleness
 from rstar2.flows.stage_transition import StageStart
-from rstar2.run import config
-from rstar2.run.layout import RunLayout, RunRef
+from rstar2.core import config
+from rstar2.core.layout import RunLayout, RunRef
 from rstar2.tasks.rl import StepAt
 
 

@@ -5,7 +5,7 @@ then resumed: eval_pass1 logged for both steps as without the kill) was run by h
 for here."""
 
 from rstar2.flows import train_stage
-from rstar2.run import checkpoint, config
+from rstar2.core import checkpoint, config
 
 
 def test_due_steps_without_their_evaluation_are_evaluated_from_their_checkpoint(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 from rstar2.bench import step_sim
 from rstar2.bench.rollout_sim import Hardware, Quota, Workload, simulate, simulate_until
-from rstar2.run.config import SchedulerCfg
+from rstar2.core.config import SchedulerCfg
 
 # one step: t0 + 1 ms per running sequence; nothing memory-bound, KV ample
 ENGINE = Hardware(capacity=100_000, t0=0.0, weights_s=0.0, kv_s=0.0, dec_s=1e-3, prefill_s=0.0, max_num_seqs=64)

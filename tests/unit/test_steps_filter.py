@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 
 from rstar2.run import steps
-from rstar2.run.config import RoCCfg
+from rstar2.core.config import RoCCfg
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 
 from rstar2.evaluation import report, stats
 
-from rstar2.run import config
-from rstar2.run.config import SuiteCfg
+from rstar2.core import config
+from rstar2.core.config import SuiteCfg
 from rstar2.data import suites
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from rstar2.run import tracking
+from rstar2.core import tracking
 def test_each_out_dir_gets_its_own_store_in_one_process(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     tracking.setup("a", str(tmp_path / "one"))
@@ -100,7 +100,7 @@ def test_a_resumed_stage_logs_the_committed_steps_mlflow_never_got_once(tmp_path
 
 
 def test_a_run_found_again_with_other_settings_is_one_error_naming_them(tmp_path, monkeypatch):
-    from rstar2.run import tracking
+    from rstar2.core import tracking
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = tracking.setup("changed", str(tmp_path))

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 import torch
 
-from rstar2.run import checkpoint, config
+from rstar2.core import checkpoint, config
 
 from rstar2.training import grpo
 from rstar2.training.trainer import PolicyTrainer
@@ -340,7 +340,7 @@ def test_resume_is_bit_identical(tiny_model, tmp_path):
 
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
-    from rstar2.run import config
+    from rstar2.core import config
     from rstar2.training.trainer import PolicyTrainer
     model, ck, *batches = sys.argv[1:]
     tr = PolicyTrainer(model, config.TrainerCfg.model_validate_json(os.environ["CFG"]), seed=0)

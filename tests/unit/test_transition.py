@@ -2,7 +2,7 @@
 
 import pytest
 
-from rstar2.run.config import PlateauCfg
+from rstar2.core.config import PlateauCfg
 from rstar2.training.transition import decide, window_gain
 
 CFG = PlateauCfg(metric="reward_mean", window=2, min_delta=0.05, min_steps=4)

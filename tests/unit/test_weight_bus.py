@@ -1,4 +1,4 @@
-"""rstar2.run.weight_bus: how both sides cut buckets (worked by hand), and a real sync from this process to a child
+"""rstar2.core.weight_bus: how both sides cut buckets (worked by hand), and a real sync from this process to a child
 process, through shared memory and by gloo broadcast: floating tensors arrive in the engines' dtype, others as they
 are, a tensor larger than a bucket alone, in sending order; a second sync on the same bus. Real engines: tests/engine/test_collective_sync.py."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2.run import weight_bus
-from rstar2.run.net import free_port
+from rstar2.core import weight_bus
+from rstar2.core.net import free_port
 
 
 def test_buckets_are_consecutive_one_dtype_and_at_most_the_size():

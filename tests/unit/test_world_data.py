@@ -8,7 +8,7 @@ import os
 import polars as pl
 import pytest
 
-from rstar2.run import config
+from rstar2.core import config
 from rstar2.world import build
 
 

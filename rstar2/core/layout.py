@@ -4,7 +4,7 @@
 
     <top>/config.json  world/  sft/  eval/<name>.json|.parquet  summary.json  suites/  plots/
     <root>/<stage>/step-NNNN/{rollouts,scored,kept,carry}.parquet one RL step's tables (carry: partial rollouts)
-    <root>/checkpoints/<stage>/step-NNNN/                         committed RL checkpoints (rstar2.run.checkpoint)
+    <root>/checkpoints/<stage>/step-NNNN/                         committed RL checkpoints (rstar2.core.checkpoint)
     <root>/stages/<stage>/                                         a finished stage's end record
     <root>/mining/<stage>/<checkpoint>/                            a mined hard set
     <root>/eval/<name>.json|.parquet                              evaluation records and samples

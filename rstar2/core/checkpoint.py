@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from rstar2.run.layout import STEP_PREFIX
+from rstar2.core.layout import STEP_PREFIX
 
 MARKER = "COMMITTED.json"
 

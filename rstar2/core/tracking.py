@@ -77,12 +77,12 @@ def ui_url(experiment_id: str, run_id: str) -> str:
 def checkpoint_model(experiment_id: str, run_id: str, ckpt_dir: str, meta: dict) -> str:
     """One LoggedModel per committed checkpoint (found again by its path), its lineage as params; returns its id."""
     path = str(Path(ckpt_dir).resolve())
-    found = client().search_logged_models([experiment_id], f"tags.`rstar2.run.checkpoint` = '{path}'", max_results=1)
+    found = client().search_logged_models([experiment_id], f"tags.`rstar2.core.checkpoint` = '{path}'", max_results=1)
     if found:
         return found[0].model_id
     name = "-".join(str(meta.get(k)) for k in ("stage", "step") if meta.get(k) is not None) or Path(path).name
     model = client().create_logged_model(experiment_id, name=name.replace("/", "-"), source_run_id=run_id,
-                                         tags={"rstar2.run.checkpoint": path}, params=flatten(meta))
+                                         tags={"rstar2.core.checkpoint": path}, params=flatten(meta))
     client().finalize_logged_model(model.model_id, "READY")
     return model.model_id
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rstar2.run import steps
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
-from rstar2.run.config import RunCfg
+from rstar2.core.config import RunCfg
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.evaluation.export import model_dir as check_model_dir
 from rstar2.reward import Verifier, extract_answer

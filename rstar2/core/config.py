@@ -208,9 +208,9 @@ class TrainerCfg(_Cfg):
 
 
 class CheckpointCfg(_Cfg):
-    """RL checkpoints (rstar2/run/checkpoint.py): one committed directory per step."""
+    """RL checkpoints (rstar2/core/checkpoint.py): one committed directory per step."""
     # after each commit, delete a stage's older committed checkpoints beyond the newest keep_last (None: keep all);
-    # never the newest, nor one a stage transition or an evaluation still holds (rstar2.run.checkpoint.prune)
+    # never the newest, nor one a stage transition or an evaluation still holds (rstar2.core.checkpoint.prune)
     keep_last: int | None = Field(None, ge=1)
 
 
