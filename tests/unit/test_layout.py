@@ -30,8 +30,8 @@ ALLOWED = {"rstar2": {"rstar2"}, "tasks": {"tasks", "rstar2"}, "flows": {"flows"
 FORBIDDEN_THIRD_PARTY = {"rstar2": {"prefect", "prefect_ray", "typer"}}  # no orchestration, no command line
 
 
-APPS = ("cli", "flows", "tasks", "bench")
-LIBRARY = ("core", "sandbox", "data", "rollout", "reward", "models", "training", "world", "evaluation", "run")  # folders beside rstar2/ in the repository, installed as rstar2.<folder>
+APPS = ("cli", "flows", "tasks", "bench")  # folders beside rstar2/ in the repository, installed as rstar2.<folder>
+LIBRARY = ("core", "sandbox", "data", "rollout", "reward", "models", "training", "world", "evaluation", "run")
 
 
 def _modules() -> dict[str, Path]:
