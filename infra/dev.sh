@@ -247,6 +247,8 @@ case "$cmd" in
   # leaves a core idle half the time (start-up, servers, waits), so two of them at once take ~0.6x the time of one
   test) ensure_env
     exec "$venv/bin/python" -m pytest -q -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" ;;
+  # the house rules a tool checks (pyproject's [tool.ruff]): unused names, import order, the 120-column width
+  lint) ensure_env; exec "$venv/bin/ruff" check "${@:-.}" ;;
   ablation) ensure_env; exec "$venv/bin/rstar2" ablation --preset tiny-recovery "$@" ;;
   serve) ensure_env; exec "$venv/bin/rstar2" serve "$@" ;;
   ui-test)
@@ -266,6 +268,6 @@ case "$cmd" in
     command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null ||
       { echo "[rstar2] gpu-test needs an NVIDIA GPU (nvidia-smi found none)" >&2; exit 1; }
     ensure_cuda_env; exec "$cuda_python" -m pytest -q -m gpu tests/gpu "$@" ;;
-  *) echo "usage: bash infra/dev.sh {campaign|test|ablation|serve|ui-test|env|images|docker-test|gpu-test} [args]" >&2
+  *) echo "usage: bash infra/dev.sh {campaign|test|lint|ablation|serve|ui-test|env|images|docker-test|gpu-test} [args]" >&2
      exit 2 ;;
 esac
