@@ -453,8 +453,9 @@ class SimResult:
         return self.recomputed / max(1, self.decoded)
 
     def row(self) -> dict:
-        return {"policy": self.policy, "makespan_s": round(self.makespan_s, 2), "after_p95_s": round(self.after_p95_s, 2),
-                "idle_frac": round(self.idle_frac, 4), "recompute_frac": round(self.recompute_frac, 4),
+        return {"policy": self.policy, "makespan_s": round(self.makespan_s, 2),
+                "after_p95_s": round(self.after_p95_s, 2), "idle_frac": round(self.idle_frac, 4),
+                "recompute_frac": round(self.recompute_frac, 4),
                 "preemptions": self.preemptions, "evictions": self.evictions, "mean_batch": round(self.mean_batch, 1),
                 "queue_wait_mean_s": round(self.queue_wait_mean_s, 2)}
 
@@ -743,13 +744,18 @@ def summarize(rows: list[dict]) -> list[dict]:
         for p in dict.fromkeys(r["policy"] for r in rows if r["scenario"] == sc):
             seeds = [d for d in by_seed.values() if p in d]
             ms = np.array([d[p]["makespan_s"] for d in seeds])
-            ratio = lambda other: float(np.median([d[p]["makespan_s"] / d[other]["makespan_s"]  # noqa: E731
-                                                   for d in seeds])) if all(other in d for d in seeds) else None
+
+            def ratio(other):
+                if not all(other in d for d in seeds):
+                    return None
+                return float(np.median([d[p]["makespan_s"] / d[other]["makespan_s"] for d in seeds]))
+
             best = [min(r["makespan_s"] for r in d.values()) for d in seeds]
             out.append({"scenario": sc, "policy": p, "seeds": len(seeds), "makespan_s": float(np.median(ms)),
                         "x_oracle": ratio("oracle"),
                         "x_best": float(np.median([d[p]["makespan_s"] / b for d, b in zip(seeds, best)])),
-                        "x_best_max": float(max(d[p]["makespan_s"] / b for d, b in zip(seeds, best))), "x_round_robin": ratio("round_robin"),
+                        "x_best_max": float(max(d[p]["makespan_s"] / b for d, b in zip(seeds, best))),
+                        "x_round_robin": ratio("round_robin"),
                         "x_least_requests": ratio("least_requests"),
                         "static_speedup": 1 / ratio("static") if ratio("static") else None,
                         "x_naive_bound": float(np.median([d[p]["makespan_s"] / d[p]["naive_bound_s"] for d in seeds])),

@@ -271,8 +271,8 @@ def check_tiny(step_dirs: list[Path], measured: list[dict], engines: int, capaci
     rows = []
     for i, (w, m) in enumerate(zip(wls[calibrate:], measured[calibrate:]), start=calibrate):
         r = simulate(w, hw, engines, "kv_aware", cfg).makespan_s
-        rows.append({"step": i + 1, "rollout_sim_s": r, "rollout_s": m["rollout_wall_s"], "step_pred_s": r + update + rest,
-                     "step_s": m["step_s"]})
+        rows.append({"step": i + 1, "rollout_sim_s": r, "rollout_s": m["rollout_wall_s"],
+                     "step_pred_s": r + update + rest, "step_s": m["step_s"]})
     pred, real = sum(r["step_pred_s"] for r in rows), sum(r["step_s"] for r in rows)
     return {"engine": {"t0": hw.t0, "dec_s": hw.dec_s, "prefill_s": hw.prefill_s}, "update_s": update, "rest_s": rest,
             "steps": rows, "predicted_s": pred, "measured_s": real, "error": pred / real - 1}

@@ -75,7 +75,8 @@ def model_positions(base_model: str, arch: dict | None = None) -> int | None:
 
 class SFTCfg(_Cfg):
     enabled: bool = True
-    data: str | None = None  # chat transcripts to SFT on (JSON lines, rstar2.training.transcripts); None: the tiny world's own
+    # chat transcripts to SFT on (JSON lines, rstar2.training.transcripts); None: the tiny world's own
+    data: str | None = None
     packed: bool = False  # pack transcripts into rows of batch_tokens (false: right-padded buckets of similar length)
     mix: dict[str, float] = {"clean": 0.4, "buggy_fix": 0.15, "no_tool": 0.3, "format_slip": 0.15}
     mix_by_kind: dict[str, dict[str, float]] = {}  # problem kind -> its own mix (noise that depends on the kind)
@@ -160,7 +161,7 @@ class TrainerCfg(_Cfg):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0  # > 0 adds an entropy bonus (the entropy itself is always logged)
     overlong_filter: bool = False  # mask truncated rollouts out of the loss (DAPO); the paper keeps them at reward 0
-    old_logprobs: Literal["recompute", "engine"] = "recompute"  # π_old: the trainer's own, or the engine's sampling ones
+    old_logprobs: Literal["recompute", "engine"] = "recompute"  # π_old: the trainer's own or the engine's sampling ones
     tis_cap: float | None = None  # truncated importance sampling min(π_old/π_engine, C) (needs engine log-probs)
     # how token losses become the batch loss: "token-mean" is Eq. 6 (1/Σ|o_i|: a long trajectory weighs by its
     # length); "seq-mean-token-mean" gives every trajectory the same weight (verl's loss_agg_mode of that name)
@@ -198,7 +199,8 @@ class TrainerCfg(_Cfg):
     @model_validator(mode="after")
     def _check(self) -> "TrainerCfg":
         if self.world_size > 1 and self.backend != "deepspeed":
-            raise ValueError("trainer.world_size > 1 needs trainer.backend=deepspeed (the torch backend is one process)")
+            raise ValueError("trainer.world_size > 1 needs trainer.backend=deepspeed "
+                             "(the torch backend is one process)")
         if self.kl_coef and self.backend == "deepspeed" and self.zero_stage == 3:
             raise ValueError("trainer.kl_coef > 0 keeps a full reference model per rank, which ZeRO-3 cannot "
                              "partition: use zero_stage 2 or kl_coef 0")
@@ -223,13 +225,14 @@ class EngineCfg(_Cfg):
     # CPU: torch threads per engine (None: one, what Ray gives an actor). A model whose steps are bound by its matrix
     # products (~100M parameters) generates faster on every core: engines and trainer take turns, never run at once
     threads: int | None = Field(None, ge=1)
-    block_size: int | None = Field(None, ge=1)  # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole
-    # blocks are prefix-cached: smaller blocks let a trajectory's next turn and a prompt's siblings reuse more KV
+    # KV block in tokens (None: vLLM's default, 16 on GPUs, 128 on CPU). Only whole blocks are prefix-cached:
+    # smaller blocks let a trajectory's next turn and a prompt's siblings reuse more KV
+    block_size: int | None = Field(None, ge=1)
 
 
 class PlacementCfg(_Cfg):
-    """Where a run's actors go (rstar2/run/controller.py) and the hardware `rstar2 plan` checks it against (rstar2/run/plan.py;
-    the campaign refuses a run that does not fit before any actor starts)."""
+    """Where a run's actors go (rstar2/run/controller.py) and the hardware `rstar2 plan` checks it against
+    (rstar2/run/plan.py; the campaign refuses a run that does not fit before any actor starts)."""
     strategy: Literal["pack", "spread"] = "pack"  # Ray placement-group strategy for the trainer ranks' and engines'
     # bundles: pack fills a node before the next (NVLink within a node), spread puts each bundle on another node
     colocate: bool = False  # engines and trainer ranks share GPUs: engines sleep (vLLM sleep mode) during the update
@@ -262,7 +265,8 @@ class SchedulerCfg(_Cfg):
 
 
 class PlateauCfg(_Cfg):
-    """When a stage has plateaued (rstar2/training/transition.py): the last `window` steps gained < `min_delta` on `metric`."""
+    """When a stage has plateaued (rstar2/training/transition.py): the last `window` steps gained < `min_delta` on
+    `metric`."""
     metric: str = "reward_mean"  # any per-step metric, e.g. eval_pass1 (with eval.every=1) or pass1_train
     window: int = 4
     min_delta: float = 0.01

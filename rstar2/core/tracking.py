@@ -115,8 +115,8 @@ def log_dataset(run_id: str, uri: str, name: str, context: str, lineage: dict) -
     import polars as pl
 
     ds = mlflow.data.from_pandas(pl.read_parquet(uri).to_pandas(), source=uri, name=name)
-    client().log_inputs(run_id, [mlflow.entities.DatasetInput(ds._to_mlflow_entity(),
-                                                              [mlflow.entities.InputTag("mlflow.data.context", context)])])
+    tags = [mlflow.entities.InputTag("mlflow.data.context", context)]
+    client().log_inputs(run_id, [mlflow.entities.DatasetInput(ds._to_mlflow_entity(), tags)])
     client().log_dict(run_id, lineage, f"datasets/{name}.json")
 
 

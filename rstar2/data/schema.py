@@ -56,9 +56,9 @@ def read_jsonl(path: Path) -> tuple[pl.DataFrame, list[int]]:
 
 
 def read_table(path: str | Path, allow_broken: bool = False) -> tuple[pl.DataFrame, list[int]] | pl.DataFrame:
-    """A Parquet or JSONL file (or a .json document of records: `read_json_document`) as a frame; one clear error naming the file for anything else (another file type, an
-    unreadable file, a JSONL line that is not an object). `allow_broken`: return (frame, broken JSONL line numbers)
-    instead of failing on such lines."""
+    """A Parquet or JSONL file (or a .json document of records: `read_json_document`) as a frame; one clear error
+    naming the file for anything else (another file type, an unreadable file, a JSONL line that is not an object).
+    `allow_broken`: return (frame, broken JSONL line numbers) instead of failing on such lines."""
     try:
         p = files.resolve(path)  # a path, or pkg:<module>/<file> inside an installed distribution
     except FileNotFoundError as e:

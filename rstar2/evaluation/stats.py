@@ -116,7 +116,8 @@ def compare(a_values: Sequence[float], b_values: Sequence[float]) -> dict:
     return {**out, "df": float(df), "ci95": [d - half, d + half], "beyond_noise": bool(d - half > 0 or d + half < 0)}
 
 
-RATE_PSEUDO = 0.005  # added to both rates of a ratio: a rate of 0 stays finite; below the resolution of ~500 trajectories
+# added to both rates of a ratio: a rate of 0 stays finite; below the resolution of ~500 trajectories
+RATE_PSEUDO = 0.005
 
 
 def paired_log_ratio(a_values: Sequence[float], b_values: Sequence[float], pseudo: float = RATE_PSEUDO) -> dict:

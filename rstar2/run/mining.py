@@ -54,7 +54,8 @@ def mine(engines: EngineSet, sched_cfg: SchedulerCfg, checkpoint: str, train_uri
     steps.score(rolled, check, rolled)
     hard, counts = hard_set(problems, pl.read_parquet(rolled), cfg.k)
     if hard.height == 0:
-        raise ValueError(f"mining found no hard problem: the policy solved all {problems.height} candidates {cfg.k}/{cfg.k}")
+        raise ValueError(f"mining found no hard problem: the policy solved all {problems.height} candidates "
+                         f"{cfg.k}/{cfg.k}")
     hard.write_parquet(out / "hard.parquet")
     lineage = {"checkpoint": checkpoint, "source": train_uri, "seed": seed, "temperature": cfg.temperature,
                "max_response_tokens": limits.max_response_tokens, "rollout_s": info["rollout_s"], **counts}

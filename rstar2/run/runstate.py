@@ -1,7 +1,7 @@
-"""Where a run stands, read from its run directory alone (rstar2.core.layout names its paths): which stages are finished,
-which checkpoint a stage starts from, where a retried run resumes. Everything here is derived from committed files
-(checkpoints, stage markers), so a run killed at any point and retried continues from its last commit with the same
-data order: no step lost, none done twice."""
+"""Where a run stands, read from its run directory alone (rstar2.core.layout names its paths): which stages are
+finished, which checkpoint a stage starts from, where a retried run resumes. Everything here is derived from committed
+files (checkpoints, stage markers), so a run killed at any point and retried continues from its last commit with the
+same data order: no step lost, none done twice."""
 
 from __future__ import annotations
 

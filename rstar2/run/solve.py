@@ -42,9 +42,9 @@ def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temp
     finally:
         engine.close()
         sandbox.close()
-    return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed, "turns": turns(traj, chat),
-            "final_answer": extract_answer(final), "reward": reward, "truncated": traj.truncated,
-            "response_tokens": len(traj.response_ids)}
+    return {"model": path, "problem": problem, "gold": answer, "temperature": t, "seed": seed,
+            "turns": turns(traj, chat), "final_answer": extract_answer(final), "reward": reward,
+            "truncated": traj.truncated, "response_tokens": len(traj.response_ids)}
 
 
 def turns(traj: Trajectory, chat: ChatFormat) -> list[dict]:

@@ -214,7 +214,10 @@ def batch_metrics(scored_uri: str, kept_uri: str) -> dict:
     """The per-step curves of the paper (Fig. 4, 8): reward, tool errors among positives, format, length, clipping."""
     df, kept = pl.read_parquet(scored_uri), pl.read_parquet(kept_uri)
     pos, kpos = df.filter(pl.col("reward") > 0), kept.filter(pl.col("reward") > 0)
-    err_rate = lambda d: float((d["p_err"].filter(d["num_tool_calls"] > 0) > 0).mean() or 0.0) if d.height else 0.0
+
+    def err_rate(d: pl.DataFrame) -> float:
+        return float((d["p_err"].filter(d["num_tool_calls"] > 0) > 0).mean() or 0.0) if d.height else 0.0
+
     return {
         "reward_mean": float(df["reward"].mean()), "pass1_train": float(df.group_by("problem_id").agg(
             pl.col("reward").mean())["reward"].mean()),

@@ -36,7 +36,8 @@ def container_spec(image: str, limits: SandboxLimits, slots: int, port: int) -> 
                "--limits", json.dumps(dataclasses.asdict(limits))]
     return {"image": image, "command": command, "detach": True, **CONTAINMENT, "auto_remove": False,
             "network_mode": "host", "labels": {"rstar2": "sandbox"},
-            "mem_limit": f"{slots * (limits.memory_mb + 512) + 1024}m", "pids_limit": slots * (limits.max_processes + 32)}
+            "mem_limit": f"{slots * (limits.memory_mb + 512) + 1024}m",
+            "pids_limit": slots * (limits.max_processes + 32)}
 
 
 class DockerService:

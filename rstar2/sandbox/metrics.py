@@ -102,7 +102,10 @@ def summarize(before: dict, after: dict, prefix: str = "sandbox_") -> dict:
     calls = _delta(after["calls"], before["calls"])
     n = sum(calls.values())
     h = {name: _delta(after["hist"].get(name, {}), before["hist"].get(name, {})) for name in after["hist"]}
-    mean = lambda name: h[f"{name}_sum"]["value"] / max(h[f"{name}_count"]["value"], 1) if f"{name}_sum" in h else 0.0
+
+    def mean(name: str) -> float:
+        return h[f"{name}_sum"]["value"] / max(h[f"{name}_count"]["value"], 1) if f"{name}_sum" in h else 0.0
+
     lat, wait = h.get("rstar2_sandbox_latency_seconds", {}), h.get("rstar2_sandbox_queue_wait_seconds", {})
     depth = h.get("rstar2_sandbox_queue_depth_at_submit", {})
     out = {"calls": n, "calls_per_s": n / dt,
@@ -111,6 +114,7 @@ def summarize(before: dict, after: dict, prefix: str = "sandbox_") -> dict:
            "exec_mean_s": mean("rstar2_sandbox_exec_seconds"),
            "queue_wait_mean_s": mean("rstar2_sandbox_queue_wait_seconds"), "queue_wait_p99_s": _quantile(wait, 0.99),
            "queue_depth_mean": mean("rstar2_sandbox_queue_depth_at_submit"), "queue_depth_p99": _quantile(depth, 0.99),
-           "rejected": after["rejected"] - before["rejected"], "executor_restarts": after["restarts"] - before["restarts"],
+           "rejected": after["rejected"] - before["rejected"],
+           "executor_restarts": after["restarts"] - before["restarts"],
            **{f"status_{k}": v for k, v in calls.items()}}
     return {prefix + k: float(v) for k, v in out.items()}

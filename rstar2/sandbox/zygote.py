@@ -1,7 +1,8 @@
 """The sandbox executor: a warm interpreter ("zygote") that forks one hardened child per call.
 
 This file is its own program, run by the service as root under the sandbox interpreter with the standard library
-only: `python -s -P -S zygote.py CONFIG_JSON` (its environment is the service's, whole) (requests on fd 0, replies on fd 1, as 4-byte length + JSON frames).
+only: `python -s -P -S zygote.py CONFIG_JSON` (its environment is the service's, whole) (requests on fd 0, replies on
+fd 1, as 4-byte length + JSON frames).
 
 Once per zygote: join the slot's cgroups; unshare pid, mount, network, IPC and UTS
 namespaces (the zygote is pid 1 of its own pid namespace, its network namespace is empty); make the whole file
@@ -73,7 +74,9 @@ def _syscall(nr: int, *args) -> int:
 
 
 def _mount(src, target, fstype, flags, data=None) -> None:
-    enc = lambda s: s.encode() if isinstance(s, str) else s
+    def enc(s):
+        return s.encode() if isinstance(s, str) else s
+
     _check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
@@ -187,9 +190,16 @@ def seccomp_program():
     if machine not in ARCHES:
         raise OSError(f"no syscall table for architecture {machine}")
     col, audit_arch = ARCHES[machine]
-    ld = lambda off: (0x20, 0, 0, off)  # BPF_LD|BPF_W|BPF_ABS
-    jeq = lambda k, jt, jf: (0x15, jt, jf, k)  # BPF_JMP|BPF_JEQ|BPF_K
-    ret = lambda k: (0x06, 0, 0, k)  # BPF_RET|BPF_K
+
+    def ld(off):  # BPF_LD|BPF_W|BPF_ABS
+        return (0x20, 0, 0, off)
+
+    def jeq(k, jt, jf):  # BPF_JMP|BPF_JEQ|BPF_K
+        return (0x15, jt, jf, k)
+
+    def ret(k):  # BPF_RET|BPF_K
+        return (0x06, 0, 0, k)
+
     prog = [ld(4), jeq(audit_arch, 1, 0), ret(RET_KILL), ld(0)]  # wrong arch: kill; then A = syscall nr
     if machine == "x86_64":
         prog += [(0x35, 0, 1, 0x40000000), ret(RET_ERRNO | EPERM)]  # BPF_JGE: the x32 ABI

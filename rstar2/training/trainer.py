@@ -46,7 +46,8 @@ from rstar2.core import checkpoint, weight_bus
 from rstar2.core.net import free_port
 
 from rstar2.training import device as dev, grpo, numerics
-from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
+from rstar2.training.batching import (collate, loss_token_logprobs, pack_rows, shard, token_budget_batches,
+                                      use_varlen_attention)
 from rstar2.core.config import TrainerCfg
 from rstar2.training.optim import adamw, lr_lambda
 from rstar2.rollout.chat import load_tokenizer
@@ -99,7 +100,8 @@ def _load_hf_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
     from safetensors.torch import load_file
 
     index = ckpt_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else ["model.safetensors"])
     sd = {k: v for f in files for k, v in load_file(str(ckpt_dir / f)).items()}
     res = model.load_state_dict(sd, strict=False)
     tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
@@ -206,7 +208,7 @@ class PolicyTrainer:
             # the entropy of the policy at its own sampled tokens is always measured (a collapse signal),
             # from the logits this forward already has; it carries gradient only as the optional bonus term
             logp, ent = loss_token_logprobs(self.model, mb, True, entropy_grad=c.entropy_coef > 0)   # (N,), (N,)
-        flat = b.offsets[mb.seq] + mb.tok                                                            # (N,) into b.*_flat
+        flat = b.offsets[mb.seq] + mb.tok                                                            # (N,) in b.*_flat
         adv = b.adv[mb.seq].to(self.device)                                                          # (N,)
         engine = b.engine[flat].to(self.device) if b.engine is not None else None                   # (N,)
         old = b.old[flat].to(self.device) if b.old is not None else logp.detach()                    # (N,)
@@ -265,8 +267,8 @@ class PolicyTrainer:
 
     def broadcast_weights(self, bus: weight_bus.Bus, key: int) -> dict | None:
         """trainer.weight_sync=collective: rank 0 sends the current weights to the engines (rstar2.core.weight_bus);
-        {"sync_bytes", "sync_buckets", "sync_shared"}, None on other ranks. The torch backend sends from its own parameters (no
-        copy), DeepSpeed from rank 0's gathered state dict (every rank takes part in the gather)."""
+        {"sync_bytes", "sync_buckets", "sync_shared"}, None on other ranks. The torch backend sends from its own
+        parameters (no copy), DeepSpeed from rank 0's gathered state dict (every rank takes part in the gather)."""
         weights = self.model.state_dict() if isinstance(self.backend, TorchBackend) else self.backend.full_state_dict()
         return weight_bus.send(bus, key, weights.items(), self.device) if self.rank == 0 else None
 
@@ -321,7 +323,8 @@ def load_model(model_dir: str, device: torch.device, cfg: TrainerCfg | None = No
 
     # fp32 master weights; bf16 is autocast (torch backend) or DeepSpeed's own mixed precision
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
-    if cfg and cfg.gradient_checkpointing:  # recompute each layer's activations in backward: memory for ~1/3 more compute
+    # recompute each layer's activations in backward: memory for ~1/3 more compute
+    if cfg and cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     return model

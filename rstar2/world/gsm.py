@@ -102,7 +102,8 @@ def _canon(x: float) -> str:
 
 
 def run(code: str) -> str:
-    """What `code` prints (our own generated code, run in-process as rstar2.world.problems.solve runs the tiny world's)."""
+    """What `code` prints (our own generated code, run in-process as rstar2.world.problems.solve runs the tiny
+    world's)."""
     out = io.StringIO()
     try:
         with redirect_stdout(out):

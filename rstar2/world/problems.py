@@ -51,7 +51,8 @@ def _divisors(r: random.Random) -> tuple[str, str]:
 
 def _comb(r: random.Random) -> tuple[str, str]:
     n, k = r.randint(10, 150), r.randint(2, 3)
-    q = r.choice(["How many ways are there to choose {k} items from {n}?", "Compute the binomial coefficient C({n}, {k}).",
+    q = r.choice(["How many ways are there to choose {k} items from {n}?",
+                  "Compute the binomial coefficient C({n}, {k}).",
                   "In how many ways can a team of {k} be picked from {n} people?"])
     return q.format(n=n, k=k), f"import math\nprint(math.comb({n}, {k}))"
 

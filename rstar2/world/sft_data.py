@@ -80,8 +80,8 @@ def _answer(answer: str) -> str:
 def transcript(prompt: str, answer: str, code: str, mode: str, r: random.Random, system: bool = True,
                tool_chars: int = 512, opens_reason: bool = True) -> list[dict]:
     """The messages of one SFT example for `mode` (one of MODES). Assistant turns continue the `<reason>` block the
-    world's generation prompt opens (`opens_reason`; else each turn opens it itself); `tool_chars` is the rollout's cap on a tool reply (rollout.tool_response_chars),
-    so the recover mode's failure reply is the one RL would show."""
+    world's generation prompt opens (`opens_reason`; else each turn opens it itself); `tool_chars` is the rollout's cap
+    on a tool reply (rollout.tool_response_chars), so the recover mode's failure reply is the one RL would show."""
     msgs = prompt_messages(prompt, system)
 
     def say(content: str, call: str | None = None) -> None:

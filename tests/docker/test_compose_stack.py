@@ -103,9 +103,9 @@ def test_a_campaign_against_the_compose_stack_is_read_back_from_both_servers(sta
                    MLFLOW_TRACKING_URI=mlflow_uri)
     sets = [*TWO_STEPS, f"out_dir={tmp_path}", "sandbox.backend=http",
             f"sandbox.urls=[http://127.0.0.1:{ports['SANDBOX']}]"]
-    done = subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "compose",
-                           *[a for s in sets for a in ("--set", s)]], cwd=ROOT, env=run_env, capture_output=True,
-                          text=True, timeout=1200)
+    done = subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny",
+                           "--run-name", "compose", *[a for s in sets for a in ("--set", s)]],
+                          cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
 
     with SyncPrefectClient(prefect_api) as c:  # the flow run, on the compose Prefect server

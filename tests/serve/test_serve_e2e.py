@@ -29,7 +29,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "rollout.group_size=4", "rollout.max_response_tokens=160", "eval.max_response_tokens=160",
          "world.max_positions=512", "stages.0.steps=2", "stages.0.prompts_per_step=3",
          "stages.0.max_response_tokens=160",
-         "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         "engine.num_engines=1"]
 BOUND_S = services.WORKER_GRACE_S + services.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, shard, token_budget_batches, use_varlen_attention
+from rstar2.training.batching import (collate, loss_token_logprobs, pack_rows, shard, token_budget_batches,
+                                      use_varlen_attention)
 
 
 def test_bucket_budget_and_cover():
@@ -47,7 +48,8 @@ def test_collate_selects_exactly_the_loss_tokens():
     mask = [[0, 0, 0, 1, 0, 0, 1], [0, 0, 0, 1, 1]]
     for packed, plens in ((False, None), (True, None), (True, [3, 3])):
         mb = collate(ids, mask, [0, 1], pad_id=0, packed=packed, prompt_lens=plens)
-        assert mb.tgt.tolist() == [8, 11, 14, 15] and mb.seq.tolist() == [0, 0, 1, 1] and mb.tok.tolist() == [3, 6, 3, 4]
+        assert mb.tgt.tolist() == [8, 11, 14, 15] and mb.seq.tolist() == [0, 0, 1, 1] and \
+            mb.tok.tolist() == [3, 6, 3, 4]
         flat = mb.ids.view(-1)
         assert flat[mb.src].tolist() == [7, 10, 7, 14]          # each predicted from the token before it
     shared = collate(ids, mask, [0, 1], 0, True, [3, 3])

@@ -48,7 +48,8 @@ def test_bench_trainer_reports_tokens_per_second_against_the_roofline(tmp_path):
     assert all(r["gemm_gflop_per_s"] > 1 for r in tiny["roofline"].values())
     assert [r["name"] for r in tiny["runs"]] == ["rstar2 SFT", "rstar2 update (pack)"]
     for r in tiny["runs"]:
-        assert r["tokens_per_s"] > 0 and r["of_roofline"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
+        assert r["tokens_per_s"] > 0 and \
+            r["of_roofline"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
     assert "x roofline" in res.output
 
 

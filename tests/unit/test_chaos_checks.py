@@ -48,8 +48,8 @@ def test_each_kind_of_difference_is_named():
         diffs = chaos_checks.differences(got, ref, {})
         assert len(diffs) == 1 and diffs[0].startswith(want), (want, diffs)
     # a checkpoint committed before the retry and committed again after it: a step done twice
-    assert chaos_checks.differences(record(), ref, {"step-0001": "t0"}) == ["checkpoints written again after the retry: "
-                                                                     "['step-0001']"]
+    assert chaos_checks.differences(record(), ref, {"step-0001": "t0"}) == [
+        "checkpoints written again after the retry: ['step-0001']"]
 
 
 @pytest.mark.parametrize("row, want", [

@@ -39,7 +39,8 @@ TODAY_PROMPT_NO_SYSTEM = (
     'e </answer>. And your final answer will be extracted automatically by the \\boxed{} tag.\nThis is th'
     'e problem:\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n<reason>'
 )
-TODAY_TOOL_TURN = '<|im_start|>user\n<tool_response>\nTool call success\nstdout: 42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>'
+TODAY_TOOL_TURN = ('<|im_start|>user\n<tool_response>\nTool call success\nstdout: 42\n\n</tool_response><|im_end|>\n'
+                   '<|im_start|>assistant\n<reason>')
 TODAY_CALL = ('\nuse python\n</reason>\n<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": '
               '"print(6 * 7)", "input": ""}}\n</tool_call><|im_end|>')
 
@@ -51,13 +52,15 @@ def test_the_tiny_worlds_stream_is_byte_identical_through_its_template():
     assert TINY.prompt("What is 6 * 7?", system=False) == TODAY_PROMPT_NO_SYSTEM
     assert TINY.tool_turn("Tool call success\nstdout: 42\n") == TODAY_TOOL_TURN
     assert TINY.assistant_turn("\nuse python\n</reason>\n", "print(6 * 7)") == TODAY_CALL
-    assert (TINY.tool_call_open, TINY.tool_call_close, TINY.end_of_turn) == ("<tool_call>", "</tool_call>", "<|im_end|>")
+    assert (TINY.tool_call_open, TINY.tool_call_close, TINY.end_of_turn) == \
+        ("<tool_call>", "</tool_call>", "<|im_end|>")
 
 
 def test_a_qwen_template_gives_hermes_markers_and_stops_on_im_end(qwen_model_dir):
     chat = ChatFormat.load(qwen_model_dir)
     tok = chat.tokenizer
-    assert (chat.tool_call_open, chat.tool_call_close, chat.end_of_turn) == ("<tool_call>", "</tool_call>", "<|im_end|>")
+    assert (chat.tool_call_open, chat.tool_call_close, chat.end_of_turn) == \
+        ("<tool_call>", "</tool_call>", "<|im_end|>")
     assert chat.stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")] != [tok.eos_token_id]  # eos: <|endoftext|>
     # the prompt is what transformers' apply_chat_template renders with the tool
     assert chat.prompt("What is 6 * 7?") == tok.apply_chat_template(
@@ -66,7 +69,8 @@ def test_a_qwen_template_gives_hermes_markers_and_stops_on_im_end(qwen_model_dir
                                      "tags, i.e., <answer> answer here </answer>. And your final answer will be "
                                      "extracted automatically by the \\boxed{} tag.\nThis is the problem:\nx"
                                      "<|im_end|>\n<|im_start|>assistant\n")
-    assert chat.tool_turn("OUT") == "<|im_start|>user\n<tool_response>\nOUT\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert chat.tool_turn("OUT") == ("<|im_start|>user\n<tool_response>\nOUT\n</tool_response><|im_end|>\n"
+                                     "<|im_start|>assistant\n")
 
 
 def test_sft_trains_on_exactly_the_assistants_tokens(qwen_model_dir):
@@ -82,7 +86,8 @@ def test_sft_trains_on_exactly_the_assistants_tokens(qwen_model_dir):
     ids, mask = sft.tokenize(chat, [messages])
     said1 = ('<think>\n\n</think>\n\nLet me compute.\n<tool_call>\n{"name": "python_code_with_standard_io", '
              '"arguments": {"code": "print(6 * 7)", "input": ""}}\n</tool_call><|im_end|>')
-    reply = "<|im_start|>user\n<tool_response>\nTool call success\nstdout: 42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    reply = ("<|im_start|>user\n<tool_response>\nTool call success\nstdout: 42\n\n</tool_response><|im_end|>\n"
+             "<|im_start|>assistant\n")
     said2 = "<think>\n\n</think>\n\n<answer>\\boxed{42}</answer><|im_end|>"
     parts = [(chat.prompt("What is 6 * 7?"), 0), (said1, 1), (reply, 0), (said2, 1)]
     assert ids[0] == [i for text, _ in parts for i in chat.encode(text)]

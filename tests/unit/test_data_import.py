@@ -62,7 +62,8 @@ def test_dapo_layout_from_parquet(tmp_path):
     head = ("Solve the following math problem step by step. The last line of your response should be of the form "
             "Answer: $Answer (without quotes) where $Answer is the answer to the problem.")  # DAPO-Math-17k's own
     tail = 'Remember to put your answer on its own line after "Answer:".'
-    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"{head}\n\nWhat is {i} + {i}?\n\n{tail}"}],
+    rows = [{"data_source": "math_dapo",
+             "prompt": [{"role": "user", "content": f"{head}\n\nWhat is {i} + {i}?\n\n{tail}"}],
              "ability": "MATH", "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"},
              "extra_info": {"index": f"id-{i}"}} for i in (3, 40)]
     rows.append({"data_source": "math_dapo", "prompt": [{"role": "system", "content": "hi"}], "ability": "MATH",
@@ -91,12 +92,14 @@ def test_a_file_in_no_known_format_names_the_file_and_its_columns(tmp_path):
     (tmp_path / "odd.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match=r"odd\.csv: unknown file type '\.csv'"):
         importer.import_problems(str(tmp_path / "odd.csv"))
-    with pytest.raises(ValueError, match=r"f\.jsonl: the plain layout needs the answer column \(one of answer, Answer, _answer\)"):
+    with pytest.raises(ValueError, match=r"f\.jsonl: the plain layout needs the answer column "
+                                         r"\(one of answer, Answer, _answer\)"):
         formats.require(pl.DataFrame({"problem": ["x"]}), "plain", "f.jsonl")
 
 
 @pytest.mark.parametrize("raw, norm", [("042", "42"), ("\\boxed{12}", "12"), ("$-7$", "-7"), ("1,000", "1000"),
-                                       ("+5", "5"), ("12.0", "12"), ("\\text{B}", "B"), ("\\frac{1}{2}", "\\frac{1}{2}"),
+                                       ("+5", "5"), ("12.0", "12"), ("\\text{B}", "B"),
+                                       ("\\frac{1}{2}", "\\frac{1}{2}"),
                                        ("\\boxed{1}+\\boxed{2}", "\\boxed{1}+\\boxed{2}"), ("0.5", "0.5")])
 def test_normalise_answer(raw, norm):
     assert clean.normalise_answer(raw) == norm

@@ -184,7 +184,8 @@ def test_an_import_that_keeps_nothing_reports_and_exits_1(tmp_path, runs):
 
 def test_a_short_math500_problem_inside_a_verl_prompt_is_contaminated(tmp_path, runs):
     math500 = _jsonl(tmp_path / "math500.jsonl", [
-        {"problem": "Compute $\\dbinom{31}{28}$.", "answer": "4495", "unique_id": "test/counting_and_probability/9.json"},
+        {"problem": "Compute $\\dbinom{31}{28}$.", "answer": "4495",
+         "unique_id": "test/counting_and_probability/9.json"},
         {"problem": "Simplify $\\sqrt{242}$.", "answer": "11\\sqrt2", "unique_id": "test/prealgebra/1.json"}])
     rows = [_verl("train-17", f"Compute $\\dbinom{{31}}{{28}}$. {VERL_MATH}", "4495"),  # the problem + instruction
             _verl("train-18", "Here is a counting question. Compute $\\dbinom{31}{28}$ and give it as an integer.",
@@ -206,12 +207,14 @@ def test_a_short_math500_problem_inside_a_verl_prompt_is_contaminated(tmp_path, 
 
 def test_decontamination_rules_by_hand():
     long = " ".join(f"w{k}" for k in range(20))  # a 20-word suite problem: 8 13-grams
-    index = decontam.Index({"s/long": long, "s/four": "Compute $\\dbinom{31}{28}$.", "s/three": "Simplify $x$ now."}, 13)
+    index = decontam.Index({"s/long": long, "s/four": "Compute $\\dbinom{31}{28}$.", "s/three": "Simplify $x$ now."},
+                           13)
     assert index.hit("Intro: " + " ".join(f"w{k}" for k in range(5, 18))) == ("overlaps", "s/long")  # w5..w17
     assert index.hit(" ".join(f"w{k}" for k in range(5, 17))) is None  # 12 shared words: no 13-gram
     assert index.hit("so COMPUTE \\dbinom{31}{28} please") == ("contains", "s/four")  # case, punctuation ignored
     assert index.hit("compute dbinom 31 29") is None and index.hit("compute 31 28 dbinom") is None
-    assert index.hit("Simplify x now, then double it.") is None and index.hit("simplify: x; now") == ("equals", "s/three")
+    assert index.hit("Simplify x now, then double it.") is None and \
+        index.hit("simplify: x; now") == ("equals", "s/three")
 
 
 def test_decontamination_of_20k_rows_against_500_problems_takes_seconds():

@@ -60,8 +60,8 @@ def test_a_full_disk_is_recognised_through_wrapping_errors_and_nothing_else_is(t
 
     assert checkpoint._out_of_space(wrapped(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))), tmp_path)
     # safetensors names the OS error only in its text
-    assert checkpoint._out_of_space(RuntimeError(f"IoError(Os {{ code: 28, message: \"{os.strerror(errno.ENOSPC)}\" }})"),
-                                    tmp_path)
+    text = f"IoError(Os {{ code: 28, message: \"{os.strerror(errno.ENOSPC)}\" }})"
+    assert checkpoint._out_of_space(RuntimeError(text), tmp_path)
     assert not checkpoint._out_of_space(wrapped(OSError(errno.EACCES, os.strerror(errno.EACCES))), tmp_path)
     assert not checkpoint._out_of_space(ValueError("bad shape"), tmp_path)  # this disk has room
 

@@ -76,7 +76,8 @@ def test_what_add_tools_refuses(smollm2_plain, smollm2_dir, tmp_path):
     (tmp_path / "full" / "x").write_text("")
     with pytest.raises(FileExistsError, match="not empty"):
         tools.add(smollm2_plain, tmp_path / "full")
-    with pytest.raises(ChatTemplateError, match="ignores `tools`"):  # a "tool template" that is not one: nothing written
+    # a "tool template" that is not one: nothing written
+    with pytest.raises(ChatTemplateError, match="ignores `tools`"):
         tools.add(smollm2_plain, tmp_path / "bad", template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert not (tmp_path / "bad").exists()
 

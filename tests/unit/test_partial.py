@@ -10,7 +10,10 @@ from rstar2.rollout.partial import Carry, Cut, cut_back
 from rstar2.rollout.trajectory import Trajectory
 from rstar2.run import steps
 from rstar2.core.config import SchedulerCfg
-from tests.unit.test_rollout import ANSWER, CALL, FakeEngine, chat, scripted  # noqa: F401 - chat is a fixture
+from tests.unit import test_rollout
+from tests.unit.test_rollout import ANSWER, CALL, FakeEngine, scripted
+
+chat = test_rollout.chat  # the rollout tests' byte-level chat fixture, shared
 
 
 def feed(cut, events):

@@ -50,15 +50,17 @@ def test_the_rule_is_prompt_plus_the_whole_budget_within_the_context():
     limits = trajectory.RolloutLimits(max_response_tokens=384, max_model_len=1024)
     assert trajectory.fits(640, limits) and trajectory.fits(0, limits)  # 640 + 384 = 1024: exactly full fits
     assert not trajectory.fits(641, limits)  # one token more leaves 383 of the 384
-    assert not trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=1024))  # the issue's
-    assert trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=2048))  # its model's 2,048
+    # a 1,027-token prompt: too long for the 1,024, fits its model's 2,048
+    assert not trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=1024))
+    assert trajectory.fits(1027, trajectory.RolloutLimits(max_response_tokens=384, max_model_len=2048))
     assert trajectory.fits(10**6, trajectory.RolloutLimits(max_response_tokens=384))  # no context given: no limit
 
 
 def test_a_question_of_k_letters_adds_k_tokens_and_the_boundary_is_exact(chat):
     b = _base(chat)
     assert [len(x) - b for x in trajectory.prompt_ids(chat, ["", "abc", "x" * 10])] == [0, 3, 10]
-    limits = trajectory.RolloutLimits(max_response_tokens=20, max_model_len=b + 10 + 20)  # room for a 10-letter question
+    # room for a 10-letter question
+    limits = trajectory.RolloutLimits(max_response_tokens=20, max_model_len=b + 10 + 20)
     f = preflight.fit(_problems("x" * 9, "x" * 10, "x" * 11, "y" * 40), chat, limits)
     assert f.problems == 4 and f.kept["problem_id"].to_list() == ["p0", "p1"] and f.dropped_ids == ["p2", "p3"]
     assert f.max_prompt_tokens == b + 40

@@ -62,13 +62,16 @@ def run(chat, service, script, **limits):
 
 def test_tool_turn_masks_and_statuses(chat, service):
     broken = '\n</reason>\n<tool_call>\n{"name": oops}\n</tool_call><|im_end|>'
-    t = run(chat, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5, max_response_tokens=2000)
+    t = run(chat, service, {"zqa": [CALL, ANSWER], "zqb": [broken, ANSWER], "zqc": [ANSWER]}, max_turns=5,
+            max_response_tokens=2000)
     a = t["zqa"]
     assert a.tool_statuses == ["ok"] and a.num_turns == 2 and not a.truncated
     text = chat.tokenizer.decode(a.response_ids, skip_special_tokens=False)
     assert "stdout: 42" in text and text.endswith(ANSWER)
-    tool_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 0], skip_special_tokens=False)
-    model_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 1], skip_special_tokens=False)
+    tool_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 0],
+                                      skip_special_tokens=False)
+    model_part = chat.tokenizer.decode([i for i, m in zip(a.response_ids, a.loss_mask) if m == 1],
+                                       skip_special_tokens=False)
     assert tool_part == chat.tool_turn("Tool call success\nstdout: 42\n")
     assert model_part == CALL + ANSWER  # every model token has mask 1, every tool token mask 0
     assert t["zqb"].tool_statuses == ["parse_error"] and "Failed to decode tool call" in \
@@ -107,7 +110,8 @@ def test_the_no_tool_ablation_refuses_calls_without_running_them(chat):
     from rstar2.run.steps import ToolDisabled
 
     t = run(chat, ToolDisabled(), {"zqd": [CALL, ANSWER]}, max_turns=5, max_response_tokens=2000)["zqd"]
-    tool_part = chat.tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0], skip_special_tokens=False)
+    tool_part = chat.tokenizer.decode([i for i, m in zip(t.response_ids, t.loss_mask) if m == 0],
+                                      skip_special_tokens=False)
     assert t.tool_statuses == ["error"] and "the Python tool is disabled" in tool_part and "42" not in tool_part
 
 

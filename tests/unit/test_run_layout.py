@@ -1,5 +1,5 @@
-"""The run layout (rstar2.core.layout) is the only code that builds or parses a run's paths, and flows and tasks take few
-parameters: the run reference and the config sections they use."""
+"""The run layout (rstar2.core.layout) is the only code that builds or parses a run's paths, and flows and tasks take
+few parameters: the run reference and the config sections they use."""
 
 import ast
 import inspect
@@ -95,4 +95,5 @@ def test_no_flow_or_task_takes_more_than_five_parameters_nor_the_controller():
     sigs = {name: inspect.signature(fn) for name, fn in _flows_and_tasks()}
     assert len(sigs) > 30  # every flow and task was found
     assert not {k: len(s.parameters) for k, s in sigs.items() if len(s.parameters) > 5}
-    assert not [f"{k}({p})" for k, s in sigs.items() for p in s.parameters.values() if "Controller" in str(p.annotation)]
+    assert not [f"{k}({p})" for k, s in sigs.items() for p in s.parameters.values()
+                if "Controller" in str(p.annotation)]

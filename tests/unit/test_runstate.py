@@ -17,8 +17,8 @@ def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp
     base = config.load("tiny", ["sft.enabled=false", "world.base_model=/models/qwen"])
     assert runstate.sft_model(layout, base) == "/models/qwen"
     # before any RL checkpoint the run resumes from it (the trainer and engines load it)
-    assert runstate.resume_point(layout, off, runstate.sft_model(layout, off)) == (str(Path(run) / "world" / "init_model"),
-                                                                            False)
+    assert runstate.resume_point(layout, off, runstate.sft_model(layout, off)) == \
+        (str(Path(run) / "world" / "init_model"), False)
 
 
 def test_a_checkpoint_s_run_config_is_found_and_a_model_outside_a_run_has_none(tmp_path):

@@ -159,13 +159,15 @@ def test_files_outside_the_sandbox(service, tmp_path):
     canary = tmp_path / "host-canary.txt"
     canary.write_text("host secret")
     canary.chmod(0o644)
-    reads = ["/etc/shadow", str(PROJECT_ROOT / "README.md"), str(PROJECT_ROOT / "rstar2" / "core" / "config.py"), str(canary)]
+    reads = ["/etc/shadow", str(PROJECT_ROOT / "README.md"), str(PROJECT_ROOT / "rstar2" / "core" / "config.py"),
+             str(canary)]
     writes = [str(PROJECT_ROOT / "pwned.txt"), "/etc/pwned", "/var/tmp/pwned", str(tmp_path / "pwned")]
     code = "import os\nout = []\n"
     for path in reads:
         code += f"try:\n    open({path!r}).read()\n    out.append('READ ' + {path!r})\nexcept OSError:\n    pass\n"
     for path in writes:
-        code += f"try:\n    open({path!r}, 'w').write('x')\n    out.append('WROTE ' + {path!r})\nexcept OSError:\n    pass\n"
+        code += (f"try:\n    open({path!r}, 'w').write('x')\n    out.append('WROTE ' + {path!r})\n"
+                 "except OSError:\n    pass\n")
     code += "open('mine.txt', 'w').write('ok')\nprint(out, open('mine.txt').read(), os.getcwd())"
     res = attack(service, code)
     assert res.status == "ok" and res.stdout.startswith("[] ok "), res.stdout

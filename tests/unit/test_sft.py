@@ -59,8 +59,10 @@ def test_rstar2_sft_refuses_bad_input_with_one_clear_error(tmp_path, qwen_model_
         "{not json": "bad.jsonl:2: Expecting property name",
         json.dumps({"text": "hi"}): "bad.jsonl:2: expected an object with a non-empty 'messages' list",
         json.dumps({"messages": prompt_messages("q")}): "bad.jsonl:2: no assistant message",
-        json.dumps({"messages": [{"role": "robot", "content": "x"}]}): "bad.jsonl:2: message 0: expected an object whose 'role'",
-        json.dumps({"messages": prompt_messages("q") + [{"role": "assistant", "content": "", "tool_calls": [{"f": 1}]}]}):
+        json.dumps({"messages": [{"role": "robot", "content": "x"}]}):
+            "bad.jsonl:2: message 0: expected an object whose 'role'",
+        json.dumps({"messages": prompt_messages("q") + [{"role": "assistant", "content": "",
+                                                         "tool_calls": [{"f": 1}]}]}):
             "bad.jsonl:2: message 2: a tool call needs",
     }
     for line, error in cases.items():

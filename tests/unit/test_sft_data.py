@@ -78,7 +78,8 @@ def test_recover_transcripts_fail_then_fix_through_the_real_sandbox(service):
         reflection = [m["content"] for m in msgs if m["role"] == "assistant"][1]
         assert reflection.startswith("\nThe code failed: prnt is not defined.")
         assert reward.extract_answer(msgs[-1]["content"]) == p["answer"]
-        assert [roc.p_err([r.status for r in results]), roc.count_answer_blocks(msgs[-1]["content"])] == [0.5, (1, False)]
+        assert [roc.p_err([r.status for r in results]), roc.count_answer_blocks(msgs[-1]["content"])] == \
+            [0.5, (1, False)]
 
 
 def test_mix_is_respected_and_validated():

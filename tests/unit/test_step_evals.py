@@ -22,7 +22,8 @@ def test_due_steps_without_their_evaluation_are_evaluated_from_their_checkpoint(
         (ckpt, meta["step"], meta["global_step"])) or {"eval_pass1": 0.75})
     train_stage._redo_step_evals(cfg, None, stage, rows, committed)
     assert evaluated == [(str(committed[3]), 4, 4)] and rows[3]["eval_pass1"] == 0.75 and "eval_pass1" not in rows[2]
-    assert loaded == [str(committed[3]), str(committed[3])]  # its checkpoint to evaluate, then the last for the next step
+    # its checkpoint to evaluate, then the last for the next step
+    assert loaded == [str(committed[3]), str(committed[3])]
     train_stage._redo_step_evals(cfg, None, stage, rows, committed)
     assert len(evaluated) == 1  # nothing left to redo
     train_stage._redo_step_evals(config.load("tiny"), None, stage, [{"step": 1}], committed[:1])  # eval.every 0

@@ -72,8 +72,9 @@ def test_the_engine_fit_recovers_an_engine_from_the_rollouts_it_timed():
     for _ in range(4):
         n = 32
         dec = [list(rng.integers(5, 60, size=int(rng.integers(1, 4)))) for _ in range(n)]
-        wls.append(Workload(np.repeat(np.arange(8), 4), rng.integers(40, 80, size=n), [[int(x) for x in d] for d in dec],
-                            [[12] * (len(d) - 1) for d in dec], [[0.01] * (len(d) - 1) for d in dec], 1024))
+        wls.append(Workload(np.repeat(np.arange(8), 4), rng.integers(40, 80, size=n),
+                            [[int(x) for x in d] for d in dec], [[12] * (len(d) - 1) for d in dec],
+                            [[0.01] * (len(d) - 1) for d in dec], 1024))
     timed = [simulate(w, truth, 2, "kv_aware", SchedulerCfg()).makespan_s for w in wls]
     fit = step_sim.fit_engine(wls[:2], timed[:2], 2, 50_000, 256, SchedulerCfg())
     for w, t in zip(wls[2:], timed[2:]):  # steps it was not fitted on

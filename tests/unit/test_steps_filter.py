@@ -38,7 +38,8 @@ def test_sandbox_stats_counts_truncated_output_as_ok(scored):
 
 def test_scoring_math_without_a_verifier_is_refused_naming_the_table(tmp_path):
     uri = tmp_path / "rollouts.parquet"
-    pl.DataFrame({"final_text": ["<answer>\\boxed{4}</answer>"], "gold": ["4"], "truncated": [False]}).write_parquet(uri)
+    pl.DataFrame({"final_text": ["<answer>\\boxed{4}</answer>"], "gold": ["4"],
+                  "truncated": [False]}).write_parquet(uri)
     with pytest.raises(ValueError, match="rollouts.parquet as math needs a verifier"):
         steps.score(str(uri), None, str(tmp_path / "scored.parquet"))
     assert not (tmp_path / "scored.parquet").exists()  # nothing half-written

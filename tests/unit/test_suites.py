@@ -23,7 +23,8 @@ def _write(path, rows):
 
 
 def test_aime_layouts_both_spellings(tmp_path):
-    a24 = _write(tmp_path / "aime24.parquet", [{"ID": "2024-I-1", "Problem": "Find x.", "Answer": 33, "Solution": "..."}])
+    a24 = _write(tmp_path / "aime24.parquet",
+                 [{"ID": "2024-I-1", "Problem": "Find x.", "Answer": 33, "Solution": "..."}])
     a25 = _write(tmp_path / "aime25.jsonl", [{"problem": "Find y.", "answer": "070", "id": 4}])
     df = suites.load(SuiteCfg(name="aime24", path=a24, answer_type="integer"))
     assert df.select("problem_id", "prompt", "answer", "source").to_dicts() == [
@@ -36,7 +37,8 @@ def test_math500_and_hmmt_keep_latex_answers(tmp_path):
              "answer": "\\frac{5}{6}", "subject": "Algebra", "level": 2, "unique_id": "test/algebra/1.json"}]
     df = suites.load(SuiteCfg(name="math500", path=_write(tmp_path / "math500.jsonl", rows), answer_type="math"))
     assert df["problem_id"].to_list() == ["test/algebra/1.json"] and df["answer"].to_list() == ["\\frac{5}{6}"]
-    hmmt = _write(tmp_path / "hmmt.parquet", [{"problem": "p", "answer": "2\\sqrt{3}"}, {"problem": "q", "answer": "5"}])
+    hmmt = _write(tmp_path / "hmmt.parquet",
+                  [{"problem": "p", "answer": "2\\sqrt{3}"}, {"problem": "q", "answer": "5"}])
     assert suites.load(SuiteCfg(name="hmmt", path=hmmt))["problem_id"].to_list() == ["hmmt-000000", "hmmt-000001"]
 
 
@@ -53,14 +55,16 @@ def test_gpqa_options_are_shuffled_with_the_seed_and_the_letter_follows_the_corr
 
 def test_a_suite_missing_a_column_or_with_the_wrong_answers_is_one_clear_error(tmp_path):
     no_answer = _write(tmp_path / "aime.jsonl", [{"Problem": "Find x."}])
-    with pytest.raises(ValueError, match=r"aime\.jsonl: the plain layout needs the answer column.*it has \['Problem'\]"):
+    with pytest.raises(ValueError, match=r"aime\.jsonl: the plain layout needs the answer column"
+                                         r".*it has \['Problem'\]"):
         suites.load(SuiteCfg(name="aime", path=no_answer, answer_type="integer"))
     gpqa = _write(tmp_path / "gpqa.jsonl", [{"Question": "q", "Correct Answer": "a", "Incorrect Answer 1": "b",
                                              "Incorrect Answer 2": "c"}])
     with pytest.raises(ValueError, match=r"gpqa\.jsonl: the choice layout needs the Incorrect Answer 3 column"):
         suites.load(SuiteCfg(name="gpqa", path=gpqa, answer_type="choice"))
     latex = _write(tmp_path / "m.jsonl", [{"problem": "p", "answer": "\\frac{1}{2}"}])
-    with pytest.raises(ValueError, match=r"suite m .*m\.jsonl.*not, e\.g\. \['\\\\frac\{1\}\{2\}'\] \(use answer_type: math\)"):
+    with pytest.raises(ValueError, match=r"suite m .*m\.jsonl.*not, e\.g\. \['\\\\frac\{1\}\{2\}'\] "
+                                         r"\(use answer_type: math\)"):
         suites.load(SuiteCfg(name="m", path=latex, answer_type="integer"))
     empty = _write(tmp_path / "e.jsonl", [{"problem": "p", "answer": None}])
     with pytest.raises(ValueError, match=r"suite e .*e\.jsonl\): 1 unreadable row"):
@@ -104,8 +108,8 @@ def test_evaluate_refuses_a_directory_that_is_not_a_model(tmp_path):
 
 def test_json_documents_of_records_and_champs_file(tmp_path):
     as_list = tmp_path / "list.json"
-    as_list.write_text(json.dumps([{"question": "What is 2 + 2?", "answer": 4}, {"question": "And 3 + 3?", "answer": 6}],
-                                  indent=2))
+    as_list.write_text(json.dumps([{"question": "What is 2 + 2?", "answer": 4},
+                                   {"question": "And 3 + 3?", "answer": 6}], indent=2))
     df = suites.load(SuiteCfg(name="l", path=str(as_list), answer_type="integer"))
     assert df["answer"].to_list() == ["4", "6"] and df["problem_id"].n_unique() == 2
     # CHAMP's layout: problems keyed by identifier, `_text` and `_answer`, nested fields beside them

@@ -14,7 +14,8 @@ parse_tool_calls = functools.partial(parse_with, open_="<tool_call>", close="</t
 
 def tool_call_text(code: str, stdin: str = "") -> str:
     """A Hermes tool call as a Qwen-style template renders it."""
-    return "<tool_call>\n" + json.dumps({"name": TOOL_NAME, "arguments": {"code": code, "input": stdin}}) + "\n</tool_call>"
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": code, "input": stdin}})
+    return "<tool_call>\n" + call + "\n</tool_call>"
 
 
 def test_no_tool_call():

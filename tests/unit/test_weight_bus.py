@@ -1,6 +1,7 @@
 """rstar2.core.weight_bus: how both sides cut buckets (worked by hand), and a real sync from this process to a child
 process, through shared memory and by gloo broadcast: floating tensors arrive in the engines' dtype, others as they
-are, a tensor larger than a bucket alone, in sending order; a second sync on the same bus. Real engines: tests/engine/test_collective_sync.py."""
+are, a tensor larger than a bucket alone, in sending order; a second sync on the same bus. Real engines:
+tests/engine/test_collective_sync.py."""
 
 import io
 import multiprocessing as mp
@@ -45,7 +46,8 @@ def _receive(bus, keys, out, rank=1, blind=False):
 def test_a_broadcast_reaches_another_process_cast_and_in_order(shared):
     g = torch.Generator().manual_seed(0)
     weights = {"embed": torch.randn(50, 8, generator=g), "norm": torch.randn(8, generator=g),
-               "steps": torch.arange(5), "head": torch.randn(300, 8, generator=g)}  # 4,800 bytes in bf16: a bucket alone
+               # head: 4,800 bytes in bf16, a bucket alone
+               "steps": torch.arange(5), "head": torch.randn(300, 8, generator=g)}
     bus = weight_bus.Bus("127.0.0.1", free_port(), size=2, bucket_bytes=2048, dtype="bfloat16", timeout_s=60,
                          shared_memory=shared)
     ctx = mp.get_context("spawn")

@@ -19,7 +19,8 @@ def _cfg(tmp_path, **data):
 def test_own_data_with_the_tiny_model_is_used_and_filtered(tmp_path):
     src = tmp_path / "train.jsonl"
     rows = [{"problem_id": "a", "prompt": "1+1?", "answer": 2}, {"problem_id": "b", "prompt": "half?", "answer": "1/2"},
-            {"problem_id": "c", "prompt": "", "answer": "3"}, {"problem_id": "d", "prompt": "x?", "answer": "\\boxed{07}"}]
+            {"problem_id": "c", "prompt": "", "answer": "3"},
+            {"problem_id": "d", "prompt": "x?", "answer": "\\boxed{07}"}]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "[not an object]\n")
     cfg, world = _cfg(tmp_path, train=src), tmp_path / "world"
     world.mkdir()
