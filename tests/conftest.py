@@ -49,9 +49,10 @@ def _made_once(name: str, make, source_sha: str) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_sha() -> str:
+    from rstar2.core.checkpoint import sha256
     from rstar2.data import files
 
-    return files.sha256(files.locate(SMOLLM2_GGUF))
+    return sha256(files.locate(SMOLLM2_GGUF))
 
 
 @pytest.fixture(scope="session")

@@ -231,9 +231,7 @@ def _record(world_dir: Path, uris: dict[str, str], tables: dict[str, Fit], out: 
     for split in [s for s in build.SPLITS if s in tables]:
         kept = world_dir / f"fit-{split}.parquet"
         if tables[split].dropped_ids:
-            tmp = kept.with_name(f".tmp-{kept.name}")
-            tables[split].kept.write_parquet(tmp)
-            tmp.replace(kept)
+            checkpoint.write_atomic(kept, tables[split].kept.write_parquet)
             sources[split] = build.file_sha256(uris[split])
         else:
             kept.unlink(missing_ok=True)

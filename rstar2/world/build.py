@@ -9,11 +9,11 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.core.checkpoint import commit, is_committed, write_atomic
+from rstar2.core.checkpoint import commit, is_committed, sha256, write_atomic
 from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import RunCfg
-from rstar2.data import clean, files, formats, schema
+from rstar2.data import clean, formats, schema
 from rstar2.models import importer
 from rstar2.rollout.template import REASON_OPEN
 from rstar2.world import gsm, model, problems, sft_data, tokenizer
@@ -53,7 +53,7 @@ def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
 
 def file_sha256(path: str | Path) -> str | None:
     """The file's content hash (None where there is no such file)."""
-    return files.sha256(Path(path)) if Path(path).is_file() else None
+    return sha256(Path(path)) if Path(path).is_file() else None
 
 
 def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:
@@ -138,9 +138,7 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
         if record.get(split, {}).get("sha256") == digest and dest.is_file():
             continue
         df, counts = load_split(src)
-        tmp = dest.with_name(f".tmp-{dest.name}")
-        df.write_parquet(tmp)
-        tmp.replace(dest)
+        write_atomic(dest, df.write_parquet)
         record[split] = done[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
         write_atomic(record_path, json.dumps(record, indent=1))
     return done
