@@ -102,8 +102,9 @@ def _renames(tree: ast.AST) -> list[tuple[int, str]]:
 def test_nothing_renames_a_file_into_place_but_the_atomic_writer():
     writer = ROOT / "rstar2" / "core" / "checkpoint.py"
     assert len(_renames(ast.parse(writer.read_text()))) == 2  # the finder sees the writer's own rename and replace
-    found = [f"{f.relative_to(ROOT)}:{line}: {call}" for folder in FOLDERS for f in sorted((ROOT / folder).rglob("*.py"))
-             if f != writer for line, call in _renames(ast.parse(f.read_text()))]
+    files = [f for folder in FOLDERS for f in sorted((ROOT / folder).rglob("*.py")) if f != writer]
+    found = [f"{f.relative_to(ROOT)}:{line}: {call}"
+             for f in files for line, call in _renames(ast.parse(f.read_text()))]
     assert not found, "renames outside rstar2/core/checkpoint.py (use write_atomic / write_dir_atomic):\n" + \
         "\n".join(found)
 
