@@ -77,9 +77,10 @@ def require_new(out: Path, what: str) -> None:
 
 def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
     """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, rename it to `final_dir` (which it
-    replaces if present) and fsync their parent: readers see the whole directory or none of it, after a power cut
-    too."""
+    replaces if present) and fsync their parent (and the parent of each directory above made for it): readers see the
+    whole directory or none of it, after a power cut too."""
     final_dir = Path(final_dir)
+    made = [d for d in final_dir.parents if not d.exists()]  # what mkdir(parents=True) makes, nearest first
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
@@ -88,7 +89,8 @@ def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
         if final_dir.exists():  # e.g. an uncommitted leftover with a checkpoint's name: never valid, replace it
             shutil.rmtree(final_dir)
         os.rename(tmp, final_dir)
-        _fsync(final_dir.parent)
+        for d in (final_dir, *made):
+            _fsync(d.parent)
     except BaseException as e:
         full = _out_of_space(e, tmp)
         shutil.rmtree(tmp, ignore_errors=True)

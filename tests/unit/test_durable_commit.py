@@ -51,7 +51,7 @@ def _write(d: Path) -> None:
     (d / "config.json").write_text("{}")
 
 
-def test_a_checkpoint_is_fsynced_whole_before_its_rename_and_its_parent_after(tmp_path, events):
+def test_a_checkpoint_is_fsynced_whole_before_its_rename_and_its_parents_after(tmp_path, events):
     final = tmp_path / "checkpoints" / "step-0001"
     checkpoint.commit(final, _write, {"step": 1})
     [(i, tmp)] = [(i, e[1]) for i, e in enumerate(events) if e[0] == "rename"]
@@ -61,8 +61,12 @@ def test_a_checkpoint_is_fsynced_whole_before_its_rename_and_its_parent_after(tm
     assert set(before) == written
     assert before[-1] == tmp  # the directory's entries after everything in it
     assert before.index(tmp / "shards" / "model-1.bin") < before.index(tmp / "shards")
-    assert events[i + 1:] == [("fsync", final.parent)]
+    assert events[i + 1:] == [("fsync", final.parent), ("fsync", tmp_path)]  # checkpoints/ was made for it
     assert checkpoint.is_committed(final) and not tmp.exists()
+    events.clear()
+    checkpoint.commit(final.with_name("step-0002"), _write, {"step": 2})
+    [i] = [i for i, e in enumerate(events) if e[0] == "rename"]
+    assert events[i + 1:] == [("fsync", final.parent)]  # the directory was there already
 
 
 def test_a_single_file_is_fsynced_before_its_replace_and_its_directory_after(tmp_path, events):
