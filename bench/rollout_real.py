@@ -41,6 +41,7 @@ from rstar2.run import steps
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import RunCfg
+from rstar2.core.layout import RunLayout
 from rstar2.run.controller import Controller
 from rstar2.rollout.engine import EngineActor
 from rstar2.rollout.estimator import LengthEstimator
@@ -219,7 +220,7 @@ def _replay(names: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
 
 
 def problems_of(run_dir: str) -> str:
-    """A run's training split (runs/<run>/world/train.parquet)."""
-    uri = f"{run_dir}/world/train.parquet"
+    """A run's generated training split (its world's train.parquet)."""
+    uri = str(RunLayout.at(run_dir).world_files.table("train"))
     pl.read_parquet(uri, n_rows=1)  # fails clearly if the run has no world yet
     return uri

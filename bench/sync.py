@@ -56,6 +56,7 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     from safetensors.torch import load_file
 
     from rstar2.core import checkpoint, weight_bus
+    from rstar2.core.layout import step_name
     from rstar2.core.net import free_port
     from rstar2.rollout.engine import EngineActor, EngineSpec
 
@@ -72,7 +73,7 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
         for i in range(repeats):
             sd = new_weights[i % 2]
             t0 = time.perf_counter()
-            ckpt = checkpoint.commit(work / f"step-{i}", lambda d: _write(d, sd, model_dir), {"step": i})
+            ckpt = checkpoint.commit(work / step_name(i), lambda d: _write(d, sd, model_dir), {"step": i})
             t1 = time.perf_counter()
             ray.get(engine.load_weights.remote(str(ckpt)))
             t2 = time.perf_counter()

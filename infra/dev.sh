@@ -8,7 +8,8 @@
 #   bash infra/dev.sh images             build rstar2-sandbox:latest and rstar2:cpu (the engine and base image first)
 #   bash infra/dev.sh docker-test        images, then the docker-backend containment tests and the compose stack test
 #   bash infra/dev.sh gpu-test [args]    on a CUDA machine: .venv-cuda from infra/requirements-cuda.*, then tests/gpu
-# Every tool's state is kept under .rstar2/ (never $HOME).
+# Every tool's state is kept under $RSTAR2_HOME (infra/env.sh; default: .rstar2/ here), never $HOME. The images'
+# build context stages packages under .rstar2/image/ (inside the checkout: Docker reads only its context).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -22,8 +23,7 @@ ensure_env() {
   local want; want="$(sha256sum infra/requirements-cpu.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then return; fi
   echo "[rstar2] creating $venv from $lock (uv: about 1.5 minutes on an idle machine; pip: 2-3 minutes)" >&2
-  local log="$root/.rstar2/pip-install.log"
-  mkdir -p "$root/.rstar2"
+  local log="$RSTAR2_HOME/pip-install.log"
   rm -f "$stamp"
   python3 -m venv "$venv"
   install_env > "$log" 2>&1 || { tail -n 40 "$log" >&2; echo "[rstar2] install failed; full log: $log" >&2; exit 1; }
@@ -48,7 +48,7 @@ uv_install() {
   while read -r u; do sources+=(--extra-index-url "$u"); done < <(pip_config extra-index-url)
   while read -r u; do sources+=(--find-links "$u"); done < <(pip_config find-links)
   # --no-deps: the lock is complete and resolved (a resolver run would pull torchvision/torchaudio that break vllm)
-  DS_BUILD_OPS=0 UV_CACHE_DIR="$root/.rstar2/uv-cache" "$venv/bin/uv" pip install --python "$venv/bin/python" \
+  DS_BUILD_OPS=0 UV_CACHE_DIR="$RSTAR2_HOME/uv-cache" "$venv/bin/uv" pip install --python "$venv/bin/python" \
     --no-deps --index-strategy unsafe-best-match "${sources[@]}" -r "$lock" -e .
 }
 
@@ -114,8 +114,8 @@ base_image() {
     dir="$(mktemp -d)"
     echo "[rstar2] making $name with debootstrap from $mirror" >&2
     "${as_root[@]}" debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$dir" \
-      "$mirror" >"$root/.rstar2/debootstrap.log" 2>&1 ||
-      { tail -n 20 "$root/.rstar2/debootstrap.log" >&2; exit 1; }
+      "$mirror" >"$RSTAR2_HOME/debootstrap.log" 2>&1 ||
+      { tail -n 20 "$RSTAR2_HOME/debootstrap.log" >&2; exit 1; }
     "${as_root[@]}" tar -C "$dir" -c . | docker import - "$name" >/dev/null
     "${as_root[@]}" rm -rf "$dir"
   fi
@@ -185,7 +185,6 @@ disk_note() {
 # layer cache, so a second run costs seconds.
 build_images() {
   ensure_engine
-  mkdir -p "$root/.rstar2"
   prune_untagged
   disk_note
   local base; base="$(base_image)"
@@ -207,8 +206,8 @@ build_images() {
     echo "[rstar2] building $image on $base" >&2
     docker build --force-rm --network host --build-arg "BASE=$base" --build-arg "STAGED=$staged" "${pip_args[@]}" \
       -f "infra/docker/Dockerfile.$file" -t "$image" . \
-      >"$root/.rstar2/build-${image%%:*}.log" ||
-      { tail -n 30 "$root/.rstar2/build-${image%%:*}.log" >&2; prune_untagged; disk_note; exit 1; }
+      >"$RSTAR2_HOME/build-${image%%:*}.log" ||
+      { tail -n 30 "$RSTAR2_HOME/build-${image%%:*}.log" >&2; prune_untagged; disk_note; exit 1; }
     prune_untagged
   done
   stop_local_index
@@ -223,8 +222,7 @@ ensure_cuda_env() {
   cuda_python="$cvenv/bin/python"
   if [[ -x "$cuda_python" && "$(cat "$cvenv/.rstar2-lock.sha256" 2>/dev/null)" == "$want" ]]; then return; fi
   echo "[rstar2] creating $cvenv for CUDA (several GB of wheels)" >&2
-  mkdir -p "$root/.rstar2"
-  local log="$root/.rstar2/pip-install-cuda.log"
+  local log="$RSTAR2_HOME/pip-install-cuda.log"
   python3 -m venv "$cvenv"
   { "$cvenv/bin/pip" install -U "pip==26.3" &&
     if [[ -f infra/requirements-cuda.lock ]]; then

@@ -137,7 +137,7 @@ def _partial_prompts(run: RunRef, cfg: RunCfg, at: StepAt, problems_uri: str) ->
 @costs.work
 def score(run: RunRef, rolled: dict, sandbox_cfg: SandboxCfg) -> dict:
     """The rollout's rewards and RoC penalties, next to it as scored.parquet: {"uri", "verify": the checks' figures}."""
-    out_uri = str(Path(rolled["uri"]).with_name(layout.SCORED))
+    out_uri = str(RunLayout.beside(rolled["uri"], layout.SCORED))
     res = steps.score(rolled["uri"], controller(run).verifier(sandbox_cfg), out_uri)
     return {"uri": out_uri, "verify": res["verify"]}
 
@@ -152,7 +152,7 @@ def sandbox_stats(scored: dict, rolled: dict) -> dict:
 @costs.work
 def roc_filter(scored: dict, roc: RoCCfg, group_size: int, seed: int) -> dict:
     """GRPO-RoC's 2G -> G per prompt (G = `group_size`, the stage's) into kept.parquet, drawn with `seed`."""
-    out_uri = str(Path(scored["uri"]).with_name(layout.KEPT))
+    out_uri = str(RunLayout.beside(scored["uri"], layout.KEPT))
     return {"uri": out_uri, **steps.roc_filter(scored["uri"], roc, group_size, seed, out_uri)}
 
 
@@ -190,7 +190,7 @@ def checkpoint(run: RunRef, figures: dict, ckpt_dir: str, meta: dict, keep_last:
     t0 = time.perf_counter()
     ctl.sync_trained(path)
     synced = {"sync_s": time.perf_counter() - t0, **ctl.last_sync}
-    ckpt.prune(Path(path).parent, keep_last)  # after the commit: the newest is never among the deleted
+    ckpt.prune(RunLayout.checkpoints_of(path), keep_last)  # after the commit: the newest is never among the deleted
     with costs.mlflow():
         model_id = tracking.checkpoint_model(run.experiment_id, run.mlflow_run_id, path,
                                              {k: v for k, v in meta.items() if k != "metrics"})
@@ -210,13 +210,13 @@ def evaluate(run: RunRef, cfg: RunCfg, model_dir: str, table: EvalTable, out_uri
     """pass@1 (with its SE and pass@k) of `model_dir` (already loaded in the engines) on one problem table, with the
     limits of cfg.eval. Its result is written next to the samples and reused by a retried run, so a finished
     evaluation is never redone."""
-    out = Path(out_uri).with_suffix("")
+    out = RunLayout.eval_out_of(out_uri)
     res = runstate.recorded(out, model_dir)
     if res is not None:  # a result from before pass1_se/pass@k: its figures again from the same samples
         return res if "pass1_se" in res else {**res, **steps.eval_stats(out_uri)}
     ctl = controller(run)
     engines = ctl.engine_clients(cfg.eval.temperature, cfg.eval.top_p)
-    with bar(f"evaluate {Path(out_uri).stem}") as progress:
+    with bar(f"evaluate {out.name}") as progress:
         check = ctl.verifier(cfg.sandbox) if table.answer_type == "math" else None
         res = steps.evaluate(engines, cfg.scheduler, model_dir, table.uri, cfg.eval, cfg.world.max_positions,
                              ctl.sandbox(cfg.sandbox), check, out_uri, on_done=progress, answer_type=table.answer_type)

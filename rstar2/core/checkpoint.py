@@ -1,7 +1,9 @@
-"""Atomic checkpoints: write into a temporary sibling directory, fsync, then rename. A directory is a checkpoint
-only if it holds COMMITTED.json (written last, inside the temp dir, before the rename), so a crash at any point
-leaves either the previous checkpoint or a `.tmp-*` directory that nothing mistakes for a valid one. Single files
-(a finished evaluation's result) are written the same way by `write_atomic`."""
+"""The one atomic writer of the project: checkpoints, directories and single files. Write into a temporary sibling,
+fsync it (every file, every directory inside), rename it into place, then fsync the parent directory, so that what a
+commit reported survives a power cut too. A directory is a checkpoint only if it holds COMMITTED.json (written last,
+inside the temp dir, before the rename), so a crash at any point leaves either the previous checkpoint or a `.tmp-*`
+directory that nothing mistakes for a valid one. Single files (a finished evaluation's result, a world's table) are
+written the same way by `write_atomic`. `sha256` is the files' checksum, read in blocks (shards are many GB)."""
 
 from __future__ import annotations
 
@@ -20,20 +22,37 @@ from rstar2.core.layout import STEP_PREFIX
 MARKER = "COMMITTED.json"
 
 
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
+CHUNK = 4 << 20  # bytes a checksum reads at once
+
+
+def sha256(path: Path) -> str:
+    """A file's SHA-256, read in CHUNK blocks (a multi-GB shard is never whole in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    """Every file and directory under `root`, deepest first, then `root` itself."""
+    for p in sorted(root.rglob("*"), key=lambda p: -len(p.parts)):
+        if p.is_file() or p.is_dir():
+            _fsync(p)
+    _fsync(root)
+
+
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    return {str(p.relative_to(root)): sha256(p)[:16]
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
 
 
@@ -57,9 +76,11 @@ def require_new(out: Path, what: str) -> None:
 
 
 def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
-    """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, and rename it to `final_dir` (which it
-    replaces if present): readers see the whole directory or none of it."""
+    """Run `write(tmp_dir)` in a temporary sibling of `final_dir`, fsync it, rename it to `final_dir` (which it
+    replaces if present) and fsync their parent (and the parent of each directory above made for it): readers see the
+    whole directory or none of it, after a power cut too."""
     final_dir = Path(final_dir)
+    made = [d for d in final_dir.parents if not d.exists()]  # what mkdir(parents=True) makes, nearest first
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
     tmp.mkdir(parents=True)
     try:
@@ -68,6 +89,8 @@ def write_dir_atomic(final_dir: Path, write: Callable[[Path], None]) -> Path:
         if final_dir.exists():  # e.g. an uncommitted leftover with a checkpoint's name: never valid, replace it
             shutil.rmtree(final_dir)
         os.rename(tmp, final_dir)
+        for d in (final_dir, *made):
+            _fsync(d.parent)
     except BaseException as e:
         full = _out_of_space(e, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,8 +126,9 @@ def _out_of_space(e: BaseException, where: Path) -> bool:
 
 
 def write_atomic(path: Path, content: str | Callable[[Path], object]) -> Path:
-    """Write one file so that readers see the old content or the new, never a part: a temporary sibling, fsync,
-    then rename over `path`. `content`: the text, or a writer that writes the file at the path it is given."""
+    """Write one file so that readers see the old content or the new, never a part, after a power cut too: a temporary
+    sibling, fsync, rename over `path`, fsync of the parent. `content`: the text, or a writer that writes the file at
+    the path it is given (e.g. a frame's `write_parquet`)."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}-{time.time_ns()}")
     try:
@@ -112,9 +136,9 @@ def write_atomic(path: Path, content: str | Callable[[Path], object]) -> Path:
             content(tmp)
         else:
             tmp.write_text(content)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -1,6 +1,7 @@
-"""A run's directory, named in one place, and the run reference that flows and tasks pass instead of loose values.
+"""A run's directory and its world's, named in one place, and the run reference that flows and tasks pass instead of
+loose values.
 
-`RunLayout` is the only code that builds or parses a run's paths:
+`RunLayout` is the only code that builds or parses a run's paths, `WorldLayout` a world directory's:
 
     <top>/config.json  world/  sft/  eval/<name>.json|.parquet  summary.json  suites/  plots/
     <root>/<stage>/step-NNNN/{rollouts,scored,kept,carry}.parquet one RL step's tables (carry: partial rollouts)
@@ -8,6 +9,11 @@
     <root>/stages/<stage>/                                         a finished stage's end record
     <root>/mining/<stage>/<checkpoint>/                            a mined hard set
     <root>/eval/<name>.json|.parquet                              evaluation records and samples
+
+    <world>/{sft_problems,train,val,test}.parquet   the generated problem tables
+    <world>/data-<split>.parquet  data_sources.json  a split brought in from world.<split>_data; from what
+    <world>/fit-<split>.parquet  fit.json            the preflight's kept rows of a split that lost prompts; its record
+    <world>/sft_data.jsonl  tokenizer/  init_model/   SFT transcripts; the tiny world's tokenizer and initial model
 
 `top` is the campaign's run directory; `root` is where one RL seed keeps its stages: `top` itself for a single seed,
 `top/seed-<rl_seed>` with several (world, SFT model and SFT evaluation stay shared at the top).
@@ -28,8 +34,54 @@ SEED_PREFIX = "seed-"
 ROLLOUTS, SCORED, KEPT, CARRY = "rollouts.parquet", "scored.parquet", "kept.parquet", "carry.parquet"
 
 
+# a world directory's files (rstar2.world.build makes them, rstar2.run.preflight writes the fit-* ones)
+SFT_DATA, INIT_MODEL, TOKENIZER = "sft_data.jsonl", "init_model", "tokenizer"
+FIT = "fit.json"  # the preflight's record: the context and the prompt ids it dropped
+SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
+IMPORTED, FITTED = "data-{}.parquet", "fit-{}.parquet"  # a split brought in from world.<split>_data; its kept rows
+
+
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:04d}"
+
+
+class WorldLayout(BaseModel):
+    """The files of one world directory (see the module's docstring)."""
+    model_config = ConfigDict(frozen=True)
+
+    dir: Path
+
+    def table(self, name: str) -> Path:
+        """A generated problem table: sft_problems, train, val or test."""
+        return self.dir / f"{name}.parquet"
+
+    def imported(self, split: str) -> Path:
+        """The split brought in from world.<split>_data."""
+        return self.dir / IMPORTED.format(split)
+
+    def fitted(self, split: str) -> Path:
+        """The rows of `split` the preflight kept (prompts that fit the context)."""
+        return self.dir / FITTED.format(split)
+
+    @property
+    def sft_data(self) -> Path:
+        return self.dir / SFT_DATA
+
+    @property
+    def init_model(self) -> Path:
+        return self.dir / INIT_MODEL
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.dir / TOKENIZER
+
+    @property
+    def fit(self) -> Path:
+        return self.dir / FIT
+
+    @property
+    def sources(self) -> Path:
+        return self.dir / SOURCES
 
 
 class RunLayout(BaseModel):
@@ -70,6 +122,10 @@ class RunLayout(BaseModel):
         return self.world_dir or self.top / "world"
 
     @property
+    def world_files(self) -> WorldLayout:
+        return WorldLayout(dir=self.world)
+
+    @property
     def sft(self) -> Path:
         return self.top / "sft"
 
@@ -102,6 +158,11 @@ class RunLayout(BaseModel):
         """`table` (e.g. SCORED) of every step of `stage` that wrote one, oldest first."""
         return sorted((self.root / stage).glob(f"{STEP_PREFIX}*/{table}"))
 
+    @staticmethod
+    def beside(table_uri: str | Path, table: str) -> Path:
+        """Table `table` (e.g. SCORED) of the step whose table `table_uri` is."""
+        return Path(table_uri).with_name(table)
+
     def step_eval(self, stage: str, step: int) -> Path:
         """Where a periodic evaluation (eval.every) after step `step` of `stage` keeps its samples and record."""
         return self.step_dir(stage, step) / "eval"
@@ -112,6 +173,11 @@ class RunLayout(BaseModel):
     def checkpoint(self, stage: str, step: int) -> Path:
         """The checkpoint committed after `step` steps of `stage` (1-based: the first step's is step-0001)."""
         return self.checkpoints(stage) / step_name(step)
+
+    @staticmethod
+    def checkpoints_of(checkpoint: str | Path) -> Path:
+        """The directory of the stage's checkpoints that `checkpoint` is one of."""
+        return Path(checkpoint).parent
 
     def stage_marker(self, stage: str) -> Path:
         return self.root / "stages" / stage
@@ -125,6 +191,11 @@ class RunLayout(BaseModel):
     def eval_out(self, name: str) -> Path:
         """An evaluation's samples (`<out>.parquet`, or `<out>/<suite>.parquet`) and its record (`<out>.json`)."""
         return self.root / "eval" / name
+
+    @staticmethod
+    def eval_out_of(samples_uri: str | Path) -> Path:
+        """An evaluation's out (see `eval_out`) from its samples' table, `<out>.parquet`."""
+        return Path(samples_uri).with_suffix("")
 
     def eval_records(self, split: str) -> list[Path]:
         return sorted((self.root / "eval").glob(f"*-{split}.json"))

@@ -5,7 +5,6 @@ install."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -32,11 +31,3 @@ def locate(source: str | Path) -> Path:
         raise FileNotFoundError(f"{source}: no such file")
     return path
 
-
-def sha256(path: Path) -> str:
-    """A file's SHA-256, read in 1 MiB blocks (a multi-GB file is never whole in memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

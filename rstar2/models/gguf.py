@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rstar2.data.files import locate, sha256
-from rstar2.core.checkpoint import require_new, write_dir_atomic
+from rstar2.core.checkpoint import require_new, sha256, write_dir_atomic
+from rstar2.data.files import locate
 
 RECORD = "rstar2_model.json"  # what was done to a model directory: its source, and tools.add's changes
 

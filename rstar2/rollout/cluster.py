@@ -28,10 +28,11 @@ def init() -> None:
     runtime_env = {"env_vars": env}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(namespace=NAMESPACE, runtime_env=runtime_env, log_to_driver=False)
-    else:
-        tmp = os.path.join(os.environ.get("RSTAR2_HOME", "/tmp/rstar2"), "ray")
+    else:  # Ray's state under RSTAR2_HOME (set by rstar2.cli.env's defaults), else where Ray keeps it by default
+        home = os.environ.get("RSTAR2_HOME")
+        tmp = os.path.join(home, "ray") if home else None
         ray.init(namespace=NAMESPACE, runtime_env=runtime_env, include_dashboard=False, log_to_driver=False,
-                 num_cpus=os.cpu_count(), _temp_dir=tmp if len(tmp) < 60 else None)
+                 num_cpus=os.cpu_count(), _temp_dir=tmp if tmp and len(tmp) < 60 else None)
 
 
 class EngineClient:

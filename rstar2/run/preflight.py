@@ -11,7 +11,7 @@ trivial execution, then closed).
 A prompt fits when the prompt and its whole response budget fit the context (rstar2.rollout.trajectory.fits, the
 rollout's own rule): the training split against the largest response budget of any stage, evaluation against
 eval.max_response_tokens. Prompts that do not fit are dropped and counted with their ids (verl's
-filter_overlong_prompts), recorded in the world directory (rstar2.world.build.FIT): a world split's kept rows go to
+filter_overlong_prompts), recorded in the world directory (fit.json): a world split's kept rows go to
 `fit-<split>.parquet`, which the world's URIs then name (rstar2.world.build.uris), and a suite's dropped ids are left
 out when the suite is prepared for evaluation (`exclude`). Only what cannot run at all fails: no problem left to train
 or evaluate on, a model or template that cannot load, a context beyond the model's, a plan that does not fit, a sandbox
@@ -29,7 +29,7 @@ from rstar2.rollout import trajectory
 
 from rstar2.core import checkpoint
 from rstar2.core.config import RunCfg, model_positions
-from rstar2.core.layout import RunLayout
+from rstar2.core.layout import RunLayout, WorldLayout
 from rstar2.world import build
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -225,21 +225,20 @@ def _prompts(cfg: RunCfg, chat, uris: dict[str, str], rows: list[Row]) -> dict[s
 
 def _record(world_dir: Path, uris: dict[str, str], tables: dict[str, Fit], out: dict) -> None:
     """Each world split that lost prompts: its kept rows as `fit-<split>.parquet` (an earlier one removed where
-    nothing is dropped now); the record of every dropped id as build.FIT, with the content hash of each split whose
+    nothing is dropped now); the record of every dropped id as fit.json, with the content hash of each split whose
     kept rows stand in for it (a split changed since is read whole: build.uris)."""
     sources = {}
+    files = WorldLayout(dir=world_dir)
     for split in [s for s in build.SPLITS if s in tables]:
-        kept = world_dir / f"fit-{split}.parquet"
+        kept = files.fitted(split)
         if tables[split].dropped_ids:
-            tmp = kept.with_name(f".tmp-{kept.name}")
-            tables[split].kept.write_parquet(tmp)
-            tmp.replace(kept)
+            checkpoint.write_atomic(kept, tables[split].kept.write_parquet)
             sources[split] = build.file_sha256(uris[split])
         else:
             kept.unlink(missing_ok=True)
     record = {k: out[k] for k in ("context", "train_budget", "eval_budget")}
-    checkpoint.write_atomic(world_dir / build.FIT, json.dumps({**record, "model": out["model"],
-                                                              "dropped": out["dropped"], "sources": sources}, indent=1))
+    checkpoint.write_atomic(files.fit, json.dumps({**record, "model": out["model"], "dropped": out["dropped"],
+                                                   "sources": sources}, indent=1))
 
 
 def _sft(cfg: RunCfg, chat, data: str, sft_dir: Path) -> Row:

@@ -9,18 +9,17 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.core.checkpoint import commit, is_committed, write_atomic
+from rstar2.core.checkpoint import commit, is_committed, sha256, write_atomic
+from rstar2.core.layout import WorldLayout
 from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import RunCfg
-from rstar2.data import clean, files, formats, schema
+from rstar2.data import clean, formats, schema
 from rstar2.models import importer
 from rstar2.rollout.template import REASON_OPEN
 from rstar2.world import gsm, model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")
-SOURCES = "data_sources.json"  # per imported split: its source file, content hash and what loading dropped
-FIT = "fit.json"  # the preflight's record (rstar2/run/preflight.py): the context and the prompt ids it dropped
 
 
 def _source(cfg: RunCfg, split: str) -> str | None:
@@ -28,32 +27,32 @@ def _source(cfg: RunCfg, split: str) -> str | None:
 
 
 def uris(cfg: RunCfg, out: Path, fitted: bool = True) -> dict[str, str]:
-    """Where a world built under `out` keeps its parts: problem splits (the user's own, as `data-<split>.parquet`,
-    when world.<split>_data is set, else the generator's), SFT transcripts, init model (+ tokenizer). `fitted`: a
-    split the preflight dropped prompts from is its kept rows (`fit-<split>.parquet`, while the split's content is
-    the one the preflight read: its SHA-256 in the record), and `fit` names the preflight's record (the suites'
-    dropped ids)."""
-    w = cfg.world
-    found = {k: str(out / f"{k}.parquet") for k in ("sft_problems", "train", "val", "test")}
-    found["sft_data"] = cfg.sft.data or str(out / "sft_data.jsonl")
-    found.update({s: str(out / f"data-{s}.parquet") for s in SPLITS if _source(cfg, s)})
-    found["init_model"] = w.base_model or str(out / "init_model")
+    """Which parts of the world under `out` (its files: rstar2.core.layout.WorldLayout) this config uses: problem
+    splits (the user's own, brought in, when world.<split>_data is set, else the generator's), SFT transcripts, init
+    model. `fitted`: a split the preflight dropped prompts from is its kept rows (while the split's content is the one
+    the preflight read: its SHA-256 in the record), and `fit` names the preflight's record (the suites' dropped
+    ids)."""
+    w, files = cfg.world, WorldLayout(dir=out)
+    found = {k: str(files.table(k)) for k in ("sft_problems", "train", "val", "test")}
+    found["sft_data"] = cfg.sft.data or str(files.sft_data)
+    found.update({s: str(files.imported(s)) for s in SPLITS if _source(cfg, s)})
+    found["init_model"] = w.base_model or str(files.init_model)
     for split in ("val", "test"):
         if w.base_model and not _source(cfg, split):
             del found[split]  # optional with real assets and eval.suites; asking to evaluate on it then fails clearly
-    if fitted and (out / FIT).is_file():
-        read = json.loads((out / FIT).read_text()).get("sources", {})  # split -> SHA-256 the preflight read
+    if fitted and files.fit.is_file():
+        read = json.loads(files.fit.read_text()).get("sources", {})  # split -> SHA-256 the preflight read
         for split in [s for s in SPLITS if s in found and s in read]:
-            kept = out / f"fit-{split}.parquet"
+            kept = files.fitted(split)
             if kept.is_file() and read[split] == file_sha256(found[split]):
                 found[split] = str(kept)  # else the split changed since the preflight: whole, until it runs again
-        found["fit"] = str(out / FIT)
+        found["fit"] = str(files.fit)
     return found
 
 
 def file_sha256(path: str | Path) -> str | None:
     """The file's content hash (None where there is no such file)."""
-    return files.sha256(Path(path)) if Path(path).is_file() else None
+    return sha256(Path(path)) if Path(path).is_file() else None
 
 
 def ensure(cfg: RunCfg, out: Path) -> tuple[dict[str, str], dict[str, dict]]:
@@ -85,7 +84,7 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
     else:
         splits = problems.generate(cfg.seed, sizes, w.kinds)
     for split, key in (("sft", "sft_problems"), ("train", "train"), ("val", "val"), ("test", "test")):
-        splits[split].write_parquet(out / f"{key}.parquet")
+        splits[split].write_parquet(WorldLayout(dir=out).table(key))
     if w.import_model:  # a pretrained model, tool-aware, read through its own template
         importer.bring_in(w.import_model, Path(paths["init_model"]))
         chat = ChatFormat.load(paths["init_model"])
@@ -98,7 +97,7 @@ def build(cfg: RunCfg, out: Path) -> dict[str, str]:
         transcripts.write(sft, paths["sft_data"])
     if not w.import_model:
         corpus = ["".join(text for text, _ in chat.segments(row["messages"])) for row in sft]  # the streams SFT sees
-        tok = tokenizer.train(corpus, w.vocab_size, out / "tokenizer", w.digits_per_token)
+        tok = tokenizer.train(corpus, w.vocab_size, WorldLayout(dir=out).tokenizer, w.digits_per_token)
         model.create(tok, w.hidden, w.layers, w.heads, w.kv_heads, w.ffn, w.max_positions, cfg.seed,
                      Path(paths["init_model"]))
     return paths
@@ -124,7 +123,8 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
     """Bring each set world.<split>_data into the world as `data-<split>.parquet`, again whenever the source file's
     content changed since (sha256); returns the record of each split brought in by this call (data_sources.json keeps
     every split's: source, sha256, rows in and out, rows dropped as malformed or for a non-integer answer)."""
-    record_path = out / SOURCES
+    files = WorldLayout(dir=out)
+    record_path = files.sources
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     done: dict[str, dict] = {}
     for split in SPLITS:
@@ -134,13 +134,11 @@ def sync_data(cfg: RunCfg, out: Path) -> dict[str, dict]:
         digest = file_sha256(src)
         if digest is None:
             raise ValueError(f"world.{split}_data: {src}: no such file")
-        dest = out / f"data-{split}.parquet"
+        dest = files.imported(split)
         if record.get(split, {}).get("sha256") == digest and dest.is_file():
             continue
         df, counts = load_split(src)
-        tmp = dest.with_name(f".tmp-{dest.name}")
-        df.write_parquet(tmp)
-        tmp.replace(dest)
+        write_atomic(dest, df.write_parquet)
         record[split] = done[split] = {"source": str(Path(src).resolve()), "sha256": digest, **counts}
         write_atomic(record_path, json.dumps(record, indent=1))
     return done

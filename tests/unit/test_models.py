@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rstar2.core.checkpoint import sha256
 from rstar2.data import files
 from rstar2.models import gguf, importer, tools
 from rstar2.rollout.chat import ChatFormat, ChatTemplateError, load_tokenizer
@@ -37,7 +38,7 @@ def test_the_converted_tokenizer_is_the_gguf_files(smollm2_plain):
         ("llama", 30, 576, 49_152)
     assert "quantization_config" not in config
     assert json.loads((smollm2_plain / "generation_config.json").read_text())["eos_token_id"] == 2
-    assert tools.record(smollm2_plain)["sha256"] == files.sha256(files.locate(SMOLLM2_GGUF))
+    assert tools.record(smollm2_plain)["sha256"] == sha256(files.locate(SMOLLM2_GGUF))
 
 
 def test_the_instruct_models_own_template_is_refused_with_the_way_forward(smollm2_plain):

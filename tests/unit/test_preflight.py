@@ -104,11 +104,11 @@ def test_dropped_ids_reach_the_world_uris_and_the_suites(tmp_path):
     before = build.uris(cfg, tmp_path)
     assert before["train"] == str(tmp_path / "train.parquet") and "fit" not in before  # no preflight ran yet
     (tmp_path / "fit-train.parquet").write_bytes(b"")
-    (tmp_path / build.FIT).write_text(json.dumps({"dropped": {"train": ["p1"], "suite:aime": ["a2"]},
+    (tmp_path / "fit.json").write_text(json.dumps({"dropped": {"train": ["p1"], "suite:aime": ["a2"]},
                                                   "sources": {"train": build.file_sha256(tmp_path / "train.parquet")}}))
     found = build.uris(cfg, tmp_path)
     assert found["train"] == str(tmp_path / "fit-train.parquet") and found["test"] == str(tmp_path / "test.parquet")
-    assert found["fit"] == str(tmp_path / build.FIT)
+    assert found["fit"] == str(tmp_path / "fit.json")
     assert build.uris(cfg, tmp_path, fitted=False)["train"] == str(tmp_path / "train.parquet")  # what the check reads
     (tmp_path / "train.parquet").write_bytes(b"new rows")  # the split changed after the preflight: it is read whole
     assert build.uris(cfg, tmp_path)["train"] == str(tmp_path / "train.parquet")

@@ -46,7 +46,7 @@ def test_a_changed_source_is_brought_in_again_and_an_unchanged_one_is_not(tmp_pa
     pl.DataFrame({"problem_id": ["a", "b"], "prompt": ["p", "q"], "answer": ["1", "2"]}).write_parquet(src)
     record = build.sync_data(cfg, world)
     assert pl.read_parquet(dest)["problem_id"].to_list() == ["a", "b"] and record["test"]["rows_out"] == 2
-    assert json.loads((world / build.SOURCES).read_text())["test"] == record["test"]
+    assert json.loads((world / "data_sources.json").read_text())["test"] == record["test"]
 
 
 def test_bad_sources_are_one_clear_error(tmp_path):
