@@ -32,9 +32,9 @@ def test_a_checkpoint_is_parsed_back_to_its_run(tmp_path):
     top = RunLayout.at(tmp_path / "r")
     top.top.mkdir(parents=True)
     top.config.write_text("{}")
-    for layout in (top, top.for_seed(1, seeds=2)):
-        ckpt = layout.checkpoint("stage2", 7)
-        assert RunLayout.of_checkpoint(ckpt) == layout.model_copy(update={"world_dir": None})
+    for run in (top, top.for_seed(1, seeds=2)):
+        ckpt = run.checkpoint("stage2", 7)
+        assert RunLayout.of_checkpoint(ckpt) == run.model_copy(update={"world_dir": None})
         assert RunLayout.label(ckpt) == "stage2/step-0007" and RunLayout.label(ckpt, "-") == "stage2-step-0007"
     assert RunLayout.label(top.sft) == "sft"
     with pytest.raises(ValueError, match="not an RL checkpoint"):
