@@ -1,11 +1,10 @@
 """The checks of `rstar2 chaos` (rstar2.cli.chaos): a run's figures as the table compares them (`results`), what
-differs from the reference (`differences`), and a row's verdict."""
+differs from the reference (`differences`), and a row's verdict: the command's exit code rests on them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-
 
 from rstar2.core import checkpoint
 from rstar2.core.layout import KEPT, ROLLOUTS, RunLayout
@@ -105,6 +104,3 @@ def verdict(row: dict) -> str:
     if row["differences"]:
         return "lost"
     return "recovered" if row["attempts"] == 1 else "retried"
-
-
-# --- the command's work
