@@ -18,6 +18,8 @@ from rstar2.cli.output import console, write_json
 from rstar2.cli.refuse import check_preset, fail
 from rstar2.core import checkpoint, config
 from rstar2.data import FORMATS
+from rstar2.evaluation.export import model_dir
+from rstar2.models import gguf, tools
 
 models_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="Bring a pretrained model in: GGUF to Hugging Face, a tool template for a model without "
@@ -26,8 +28,6 @@ SOURCE_HELP = "a .gguf file, or pkg:<module>/<file> inside an installed package"
 
 
 def _report(title: str, out: Path, json_path: Optional[Path]) -> None:
-    from rstar2.models import tools
-
     rec = {"model_dir": str(out), **tools.record(out)}
     table = Table(title=escape(title))
     table.add_column("what")
@@ -44,8 +44,6 @@ def convert(source: str = typer.Argument(..., help=SOURCE_HELP),
             json_path: Optional[Path] = typer.Option(None, "--json", help="write what was done here")):
     """A GGUF file as a plain Hugging Face model directory: float32 safetensors, config, the tokenizer (its
     pre-tokenisation, special tokens and eos) and its chat template, as the file has them."""
-    from rstar2.models import gguf
-
     try:
         gguf.convert(source, out)
     except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
@@ -62,9 +60,6 @@ def add_tools(model: Path = typer.Option(..., help="a Hugging Face model directo
               json_path: Optional[Path] = typer.Option(None, "--json", help="write what was done here")):
     """Give a model a tool-aware chat template (Hermes tool calls, as Qwen's) and add the tool-call and
     tool-response markers its tokenizer lacks as tokens, the embedding resized; recorded in rstar2_model.json."""
-    from rstar2.evaluation.export import model_dir
-    from rstar2.models import tools
-
     try:
         tools.add(model_dir(model), out, template.read_text() if template else None)
     except (ValueError, FileExistsError) as e:

@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from rstar2.cli.output import console
+from rstar2.core import config
 
 
 def fail(message: object, code: int = 2) -> NoReturn:
@@ -19,7 +20,6 @@ def fail(message: object, code: int = 2) -> NoReturn:
 
 def check_preset(preset: str, overrides: list[str]) -> None:
     """Fail fast, with one clear message, before anything starts: the preset loads and its plan fits."""
-    from rstar2.core import config
     from rstar2.run import plan  # torch and the model catalogue: loaded when a command runs, not for --help
 
     try:

@@ -13,6 +13,8 @@ from rstar2.cli import env, tables
 from rstar2.cli.output import console, write_json
 from rstar2.cli.refuse import check_preset, fail
 from rstar2.core import config
+from rstar2.core.checkpoint import DiskFull
+from rstar2.rollout.stream_check import StreamMismatch
 from rstar2.run import ablations
 
 
@@ -62,7 +64,7 @@ def _stopped(run_flow: Callable[[], dict]) -> dict:
     """A campaign flow's summary; a run the preflight refused (or its tracking: a run resumed with other settings), or
     one a run-stopping check stopped, ends the command with that check's one line (under Prefect's log of it),
     anything else with its traceback."""
-    from rstar2.core.tracking import ChangedParams
+    from rstar2.core.tracking import ChangedParams  # MLflow, torch: loaded when the command runs
     from rstar2.run.preflight import PreflightError
 
     try:
@@ -87,9 +89,7 @@ def _run_stop(e: BaseException) -> BaseException | None:
     """The check that stopped a run, if one did (a full disk, the rollout/train log-prob gap, the token stream against
     the template, the engines' weights against the checkpoint), unwrapped from Prefect's and Ray's errors around it;
     None for anything else."""
-    from rstar2.core.checkpoint import DiskFull
-    from rstar2.core.fingerprint import WeightSyncError
-    from rstar2.rollout.stream_check import StreamMismatch
+    from rstar2.core.fingerprint import WeightSyncError  # torch: loaded once a run has stopped
     from rstar2.training.trainer import LogprobGapError
 
     seen = _in_chain(e, (DiskFull, LogprobGapError, StreamMismatch, WeightSyncError))

@@ -5,7 +5,10 @@ tables: cli/bench_tables.py."""
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.panel import Panel
 from rich.table import Table
+
+from rstar2.sandbox import OK
 
 
 def campaign_table(summary: dict, preset: str) -> Table:
@@ -191,10 +194,7 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
 def trajectory_view(rec: dict) -> list:
     """The problem, then per turn its reasoning, the code it ran and the tool's output (status in the title), then
     the final answer and the reward (rich renderables, in order)."""
-    from rich.panel import Panel
-    from rich.syntax import Syntax
-
-    from rstar2.sandbox import OK
+    from rich.syntax import Syntax  # pygments: loaded when a trajectory is shown
 
     out = [Panel(escape(rec["problem"]), title="problem", title_align="left")]
     for i, t in enumerate(rec["turns"], 1):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+import mlflow
+import polars as pl
+
 from rstar2.core import checkpoint
 from rstar2.core.layout import KEPT, ROLLOUTS, RunLayout
 
@@ -23,13 +26,9 @@ def _digest(frame) -> str:
 
 def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
     """The figures and records a run left, as the checks compare them."""
-    import polars as pl
-
     summary = json.loads(layout.summary.read_text()) if layout.summary.exists() else {}
     out: dict = {"pass1": summary.get("pass1_rl"), "steps": summary.get("steps"), "figures": {}, "mlflow_steps": {}}
     if summary.get("mlflow_run_id"):
-        import mlflow
-
         client = mlflow.MlflowClient(tracking_uri)
         exp = client.get_run(summary["mlflow_run_id"]).info.experiment_id
         stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
