@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import glob
 import heapq
+import json
 import math
 from pathlib import Path
 from collections import OrderedDict, deque
@@ -787,8 +788,6 @@ def compare(engines: int, prompts: int, seeds: int, scenario: list[str], rollout
     correlation measured on the rollout tables `rollouts` matches (none: SHIPPED_LENGTHS) unless `icc_value` is given;
     `extend`: an earlier --json of the command whose simulated runs are kept beside the new ones. Bad input: one
     ValueError naming it."""
-    import json
-
     unknown = set(policies) - set(BENCH_POLICIES)
     if unknown:
         raise ValueError(f"unknown policy {sorted(unknown)}; choose from {', '.join(BENCH_POLICIES)}")
