@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 
 import polars as pl
 import psutil
@@ -40,6 +41,7 @@ from rstar2.rollout import trajectory
 from rstar2.run import steps
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
+from rstar2.core import config
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunLayout
 from rstar2.run.controller import Controller
@@ -224,3 +226,25 @@ def problems_of(run_dir: str) -> str:
     uri = str(RunLayout.at(run_dir).world_files.table("train"))
     pl.read_parquet(uri, n_rows=1)  # fails clearly if the run has no world yet
     return uri
+
+
+POLICIES = ["kv_aware", "least_requests", "round_robin", "static"]
+
+
+def measure(preset: str, run_dir: Path, model: Path | None, engines: int, prompts: int, samples: int, rounds: int,
+            kv_mb: list[int]) -> dict:
+    """`rstar2 bench rollout --real`: `real_run` of every policy on the run's SFT model (or `model`) and train split,
+    with the run's own config (its model's context length; else the preset's) on `engines` engines, at each KV size
+    of `kv_mb` (default: the run's, and 1/16 of it: tight). Bad input: one ValueError naming it."""
+    layout = RunLayout.at(run_dir)
+    cfg = RunCfg.model_validate_json(layout.config.read_text()) if layout.config.exists() else config.load(preset)
+    cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"num_engines": engines})})
+    model_dir = str(model or layout.sft)
+    if not Path(model_dir, "config.json").exists():
+        raise ValueError(f"no model at {model_dir}: run a campaign first or pass --model")
+    if rounds < 1 or any(m <= 0 for m in kv_mb):
+        raise ValueError("--real-rounds and --real-kv-mb must be positive")
+    kv_mb = kv_mb or [cfg.engine.kv_cache_mb, max(1, cfg.engine.kv_cache_mb // 16)]
+    res = real_run(cfg, model_dir, problems_of(str(run_dir)), prompts, samples, POLICIES, rounds, kv_mb)
+    res["load_avg_end"] = os.getloadavg()
+    return res

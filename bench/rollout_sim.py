@@ -30,12 +30,15 @@ in R; decode tokens split over the turns (Dirichlet); tool latencies from a mode
 from __future__ import annotations
 
 import bisect
+import glob
 import heapq
+import json
 import math
 from pathlib import Path
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -783,3 +786,39 @@ def measured_icc(paths: list[str]) -> dict:
     return {"icc": icc(groups, df["response_len"].to_list()), "rollouts": df.height,
             "groups": len(set(groups)), "files": len(paths),
             "mean_response_len": float(df["response_len"].mean()), "mean_turns": float(df["num_turns"].mean())}
+
+
+def compare(engines: int, prompts: int, seeds: int, scenario: list[str], rollouts: str, icc_value: float | None,
+            workers: int, policies: list[str], extend: Path | None, say: Callable[..., None] = print) -> dict:
+    """`rstar2 bench rollout`'s simulated half: every policy on every scenario x seed, with the within-prompt length
+    correlation measured on the rollout tables `rollouts` matches (none: SHIPPED_LENGTHS) unless `icc_value` is given;
+    `extend`: an earlier --json of the command whose simulated runs are kept beside the new ones. Bad input: one
+    ValueError naming it."""
+    unknown = set(policies) - set(BENCH_POLICIES)
+    if unknown:
+        raise ValueError(f"unknown policy {sorted(unknown)}; choose from {', '.join(BENCH_POLICIES)}")
+    measured = None
+    if icc_value is None:
+        paths = sorted(glob.glob(rollouts)) or [SHIPPED_LENGTHS]
+        measured = measured_icc(paths)
+        icc_value = measured["icc"]
+        say(f"within-prompt length correlation (ICC) measured on {measured['rollouts']} real rollouts "
+            f"({measured['groups']} prompt groups, {', '.join(paths[:2])}{' ...' if len(paths) > 2 else ''})"
+            f": {icc_value:.3f}")
+    grid = [s for s in scenarios(engines, prompts) if not scenario or s.name in scenario]
+    if not grid:
+        raise ValueError(f"no scenario named {scenario}; choose from {', '.join(s.name for s in scenarios())}")
+    rows = sweep(grid, seeds, icc_value, SchedulerCfg(), workers,
+                 on_done=lambda sc, seed: say(f"  {sc.name} seed {seed} done", style="dim"),
+                 policies=tuple(policies) or BENCH_POLICIES)
+    if extend:  # same scenarios, seeds and correlation: the simulation is deterministic given them
+        try:
+            old = json.loads(extend.read_text())["sim"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{extend} is not a --json of `rstar2 bench rollout` with simulated runs") from None
+        if (old["engines"], old["prompts"], round(old["icc"], 6)) != (engines, prompts, round(icc_value, 6)):
+            raise ValueError(f"{extend} was simulated with other engines/prompts/ICC")
+        new = {(r["scenario"], r["seed"], r["policy"]) for r in rows}
+        rows = [r for r in old["runs"] if (r["scenario"], r["seed"], r["policy"]) not in new] + rows
+    return {"engines": engines, "prompts": prompts, "seeds": seeds, "icc": icc_value, "icc_measured": measured,
+            "summary": summarize(rows), "runs": rows}

@@ -1,248 +1,83 @@
-"""`rstar2 serve`: the local services a user lives with, all on 127.0.0.1 — a Prefect server (UI on :4200), an MLflow
-server (UI on :5000) over the shared store of `runs/`, the deployments of prefect.yaml registered on a process work
-pool, and a worker that runs what is triggered from the UI, scheduled, or fired by a committed-checkpoint event.
-
-Everything goes through the `prefect` / `mlflow` command lines (this module imports neither), and every tool's state
-stays under RSTAR2_HOME."""
+"""`rstar2 serve` (the local Prefect and MLflow servers and a worker; their processes: cli/supervisor.py) and
+`rstar2 sandbox ...` (the sandbox service over HTTP, and what isolation this machine gives). Light to import: the
+sandbox's container image runs `rstar2 sandbox serve` with the service's packages alone (no psutil, Prefect or
+MLflow)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import json
-import subprocess
-import sys
-import time
-import urllib.request
+import logging
 from pathlib import Path
-from typing import Callable
+from typing import Optional
 
-import psutil
+import typer
 
-ROOT = Path(__file__).resolve().parents[1]
-POOL = "rstar2-local"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-WORKER_GRACE_S = 30.0  # a running flow gets this long after SIGTERM to commit or be marked crashed/cancelled
-SERVER_GRACE_S = 15.0
-SERVER_RESTARTS = 3  # a server that exits is started again on its port and state, up to this many times in all
-
-
-class PortInUse(RuntimeError):
-    """A port `serve` needs is held by another process (named in the message)."""
+from rstar2.bench.sandbox import isolation_table
+from rstar2.cli import env
+from rstar2.cli.output import console
+from rstar2.cli.refuse import fail
+from rstar2.sandbox.api import SandboxLimits
 
 
-class Stop(BaseException):
-    """Raised in `serve` by SIGINT/SIGTERM/SIGHUP (a BaseException, so no `except Exception` swallows it)."""
+def serve(prefect_port: int = 4200, mlflow_port: int = 5000,
+          out_dir: Path = typer.Option(Path("runs"), help="where runs and the shared MLflow store live"),
+          worker: bool = typer.Option(True, help="also run a worker for the deployments' runs")):
+    """Local services on 127.0.0.1: Prefect server, MLflow server, and a runner serving prefect.yaml's deployments."""
+    env.apply()
+    from rstar2.cli import supervisor  # psutil: not in the sandbox's image, which runs the commands below
 
-
-def port_holder(port: int) -> str | None:
-    """Who listens on 127.0.0.1/0.0.0.0 `port` ("pid 123 (prefect server ...)"), or None when it is free."""
-    for c in psutil.net_connections(kind="inet"):
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
-            if c.pid is None:
-                return "a process of another user"
-            try:
-                proc = psutil.Process(c.pid)
-                return f"pid {c.pid} ({' '.join(proc.cmdline())[:120] or proc.name()})"
-            except psutil.Error:
-                return f"pid {c.pid}"
-    return None
-
-
-def check_ports(**ports: int) -> None:
-    """One clear error naming the process that holds a port `serve` needs."""
-    for what, port in ports.items():
-        holder = port_holder(port)
-        if holder:
-            raise PortInUse(f"port {port} ({what}) is already in use by {holder}; stop it or pick another "
-                               f"port (--{what.replace('_', '-')})")
-
-
-def stop_tree(procs: list[psutil.Process], grace_s: float) -> None:
-    """SIGTERM `procs` (a process and its descendants, listed before any of them dies so none is missed), wait up
-    to `grace_s`, then SIGKILL whatever is left."""
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-
-
-def tree(proc: subprocess.Popen) -> list[psutil.Process]:
     try:
-        root = psutil.Process(proc.pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
+        supervisor.serve(prefect_port, mlflow_port, out_dir.resolve(), worker, console.print)
+    except supervisor.PortInUse as e:
+        fail(e)
 
 
-def _bin(name: str) -> str:
-    here = Path(sys.executable).parent / name  # the venv's own CLI, even when the venv is not activated
-    return str(here) if here.exists() else (shutil.which(name) or name)
+sandbox_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The code-execution sandbox service")
 
 
-def wait_http(url: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status < 500:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
-        time.sleep(1.0)
+def _service(slots: int, limits: SandboxLimits, require: list[str], prewarm: list[str]):
+    from rstar2.sandbox.service import SandboxService
 
-
-def start_prefect(port: int, log: Path, started: list | None = None, env: dict | None = None) -> subprocess.Popen:
-    """The Prefect server, answering; `started` gets the process before the wait, so a stop meanwhile finds it. `env`:
-    variables over this process's (e.g. a PREFECT_HOME of its own)."""
-    proc = subprocess.Popen([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **(env or {})})
-    (started if started is not None else []).append(proc)
-    wait_http(f"http://127.0.0.1:{port}/api/health")
-    return proc
-
-
-# MLflow's server job runner (GenAI scorer jobs, which no run submits) would start seven consumer processes
-MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-
-
-def start_mlflow(port: int, out_dir: Path, log: Path, started: list | None = None) -> subprocess.Popen:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{out_dir / 'mlflow.db'}",
-                             "--default-artifact-root", (out_dir / "mlartifacts").as_uri()],
-                            env={**os.environ, **MLFLOW_SERVER_ENV}, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    (started if started is not None else []).append(proc)
-    wait_http(f"http://127.0.0.1:{port}/health")
-    return proc
-
-
-def _api(base: str, path: str, body: dict) -> object:
-    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read() or b"null")
-
-
-def crash_orphaned_runs(api_url: str, reason: str) -> list[str]:
-    """Mark Crashed the flow runs of our work pool that the API still shows as running or pending once the worker is
-    gone (a flow killed mid-step cannot report its own end). A crashed run is final, so the UI's Retry resumes it from
-    its last committed checkpoint; left Running, it would look alive forever. Returns the ids marked."""
-    runs = _api(api_url, "/flow_runs/filter", {
-        "flow_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "CANCELLING"]}}},
-        "work_pools": {"name": {"any_": [POOL]}}})
-    for run in runs:
-        _api(api_url, f"/flow_runs/{run['id']}/set_state",
-             {"state": {"type": "CRASHED", "name": "Crashed", "message": reason}, "force": True})
-    return [run["id"] for run in runs]
-
-
-def register_deployments(env: dict) -> None:
-    """The work pool and every deployment of prefect.yaml (schedules and event triggers included)."""
-    subprocess.run([_bin("prefect"), "work-pool", "create", POOL, "--type", "process", "--overwrite"], env=env,
-                   cwd=ROOT, check=True, capture_output=True)
-    done = subprocess.run([_bin("prefect"), "--no-prompt", "deploy", "--all"], env=env, cwd=ROOT, capture_output=True,
-                          text=True)
-    if done.returncode:
-        raise RuntimeError(f"prefect deploy failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-
-
-def _supervise(running: dict[str, subprocess.Popen], starts: dict[str, Callable[[], subprocess.Popen]],
-               work: subprocess.Popen | None, say: Callable[[str], None]) -> bool:
-    """Watch the services; a server that exits is started again (what is left of its process group killed first,
-    so nothing holds its port), up to SERVER_RESTARTS in all. Returns True when the worker exited, False when the
-    servers used up their restarts."""
-    restarts = 0
-    while work is None or work.poll() is None:
-        for name, proc in running.items():
-            if proc.poll() is None:
-                continue
-            if restarts == SERVER_RESTARTS:
-                return False
-            restarts += 1
-            say(f"the {name} exited (code {proc.returncode}); starting it again ({restarts} of {SERVER_RESTARTS})")
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group outlives a killed leader
-            except ProcessLookupError:
-                pass
-            running[name] = starts[name]()
-            say(f"the {name} answers again")
-        time.sleep(0.5)
-    return True
-
-
-def _crash_orphans(api_url: str, why: str, say: Callable[[str], None]) -> None:
     try:
-        ids = crash_orphaned_runs(api_url, f"rstar2 serve stopped ({why}) while this run ran; retry resumes it from "
-                                           "its last committed checkpoint")
-    except OSError as e:  # the Prefect server itself is gone: nothing to mark, the servers are stopped next
-        say(f"could not mark interrupted runs crashed: {e}")
-        return
-    for run_id in ids:
-        say(f"flow run {run_id} was still running: marked Crashed (retry resumes it)")
+        return SandboxService(limits, slots=slots, require=require, prewarm=prewarm)
+    except (ValueError, RuntimeError) as e:
+        fail(e)
 
 
-def serve(prefect_port: int, mlflow_port: int, out_dir: Path, worker: bool = True,
-          say: Callable[[str], None] = print, worker_grace_s: float = WORKER_GRACE_S) -> None:
-    """Run the services until SIGINT/SIGTERM/SIGHUP, the worker exits, or the servers have exited more than
-    SERVER_RESTARTS times; then stop the worker first (a running flow gets `worker_grace_s` to finish its step or be
-    marked crashed, and is retryable from its last checkpoint), then the servers. A server that exits is started again
-    on its port over its own state (Prefect's database, MLflow's store), so the worker and a running flow, whose clients
-    retry, go on as if it had not. Every process started here runs in its own session and is stopped with all its
-    descendants."""
-    check_ports(prefect_port=prefect_port, mlflow_port=mlflow_port)
-    home = Path(os.environ["RSTAR2_HOME"])
-    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
-           "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}", "RSTAR2_ROOT": str(ROOT),
-           "RSTAR2_MLFLOW_UI": f"http://127.0.0.1:{mlflow_port}"}
+@sandbox_app.command("serve")
+def sandbox_serve(host: str = typer.Option("127.0.0.1", help="address to bind"),
+                  port: int = typer.Option(8000, help="port to bind"),
+                  slots: int = typer.Option(4, help="executor slots (calls at once); 2 per core is the sweet spot"),
+                  timeout_s: float = typer.Option(4.0, help="wall-clock limit per call"),
+                  memory_mb: int = typer.Option(512, help="memory per call beyond the warm interpreter"),
+                  require: list[str] = typer.Option([], help="isolation layer that must be active (repeatable)"),
+                  prewarm: list[str] = typer.Option(["bare", "sci"], help="executor profiles to start up front"),
+                  limits_json: Optional[str] = typer.Option(None, "--limits", help="every limit as a JSON object of "
+                                                      "SandboxLimits fields (replaces --timeout-s and --memory-mb)")):
+    """Serve the sandbox over HTTP: POST /run, POST /run/batch, GET /metrics (Prometheus), GET /health."""
+    from rstar2.sandbox.server import serve as serve_http
 
-    def on_signal(signum, _frame):
-        raise Stop(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    servers: list[subprocess.Popen] = []
-    work: subprocess.Popen | None = None
-    stopped_by = "a service exited"
-    starts = {"Prefect server": lambda: start_prefect(prefect_port, home / "prefect-server.log", servers),
-              "MLflow server": lambda: start_mlflow(mlflow_port, out_dir, home / "mlflow-server.log", servers)}
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        running = {name: start() for name, start in starts.items()}
-        register_deployments(env)
-        say(f"Prefect UI  http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={env['PREFECT_API_URL']})")
-        say(f"MLflow UI   http://127.0.0.1:{mlflow_port}   (export MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']})")
-        say(f"deployments of prefect.yaml registered on work pool {POOL!r}")
-        say("Ctrl-C (or SIGTERM/SIGHUP) stops everything")
-        if worker:
-            work = subprocess.Popen([_bin("prefect"), "worker", "start", "--pool", POOL, "--limit", "1"], env=env,
-                                    cwd=ROOT, start_new_session=True)
-        if _supervise(running, starts, work, say):
-            say("the worker exited; stopping the servers")
-        else:
-            say(f"the servers exited more than {SERVER_RESTARTS} times; stopping everything")
-    except Stop as e:
-        stopped_by = f"{e}"
-        say(f"{e}: stopping the worker, then the servers")
+        limits = (SandboxLimits(**json.loads(limits_json)) if limits_json
+                  else SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb))
+    except (ValueError, TypeError) as e:
+        fail(f"--limits: {e}")
+    service = _service(slots, limits, require, prewarm)
+    console.print(isolation_table(service.isolation()))
+    console.print(f"sandbox service on http://{host}:{port} ({slots} slots)")
+    try:
+        serve_http(service, host, port)
     finally:
-        for s in STOP_SIGNALS:  # the shutdown is bounded; a second Ctrl-C must not cut it short and leak processes
-            signal.signal(s, signal.SIG_IGN)
-        try:
-            if work is not None:
-                stop_tree(tree(work), worker_grace_s)
-                _crash_orphans(env["PREFECT_API_URL"], stopped_by, say)
-            stop_tree([p for s in reversed(servers) for p in tree(s)], SERVER_GRACE_S)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        service.close()
+
+
+@sandbox_app.command("check")
+def sandbox_check(json_path: Optional[str] = typer.Option(None, "--json", help="write the report here")):
+    """Start a service, print which isolation layers are active on this machine, and stop."""
+    service = _service(1, SandboxLimits(), [], [])
+    layers = service.isolation()
+    service.close()
+    console.print(isolation_table(layers))
+    if json_path:
+        Path(json_path).write_text(json.dumps(layers, indent=1))

@@ -1,10 +1,15 @@
 """The tables and views the `rstar2` commands print (rich), one function per command's output; the commands
-(cli/main.py) only gather figures and write them (--json)."""
+(cli/runs.py, cli/evaluation.py, cli/models_data.py) only gather figures and write them (--json). The benchmarks'
+tables: cli/bench_tables.py."""
 
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.panel import Panel
 from rich.table import Table
+
+from rstar2.sandbox import OK
+
 
 def campaign_table(summary: dict, preset: str) -> Table:
     """The imported model as it came (where there is one), SFT, one row per RL seed, and with several seeds their
@@ -31,8 +36,8 @@ def campaign_table(summary: dict, preset: str) -> Table:
         table.add_row(escape(f"mean of {n} seeds [min, max] (gain's 95 % interval)"),
                       f"{summary['pass1_rl']:.3f} [{summary['pass1_rl_min']:.3f}, {summary['pass1_rl_max']:.3f}]",
                       *(f"{summary.get(f'pass_at_{k}_rl', float('nan')):.3f}" for k in ks),
-                      f"{summary['pass1_gain']:+.3f} [{summary['pass1_gain_min']:+.3f}, {summary['pass1_gain_max']:+.3f}]"
-                      f" ({lo:+.3f}, {hi:+.3f})", style="bold")
+                      f"{summary['pass1_gain']:+.3f} [{summary['pass1_gain_min']:+.3f}, "
+                      f"{summary['pass1_gain_max']:+.3f}] ({lo:+.3f}, {hi:+.3f})", style="bold")
     return table
 
 def speed_line(speed: dict) -> str:
@@ -137,6 +142,16 @@ def ablation_conclusions(res: dict) -> list[str]:
                      f"(95 % interval {p['ci95'][0]:.2f}x-{p['ci95'][1]:.2f}x): {v}'s is {verdict}")
     return lines
 
+def ablation_steps_table(res: dict) -> Table:
+    """Per variant and RL step, on the train batch: reward, pass@1, tool-error rate among positives, response length."""
+    table = Table(title="per step (train batch): reward, pass@1, tool-error rate among positives, response length")
+    cols = ["variant", "step", "reward_mean", "pass1_train", "tool_error_rate_pos", "response_len_mean"]
+    for col in cols:
+        table.add_column(col)
+    for r in res["per_step"]:
+        table.add_row(*[str(r.get(c, "")) for c in cols])
+    return table
+
 def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
     """Per variant: held-out pass@1 after RL and the gain, mean [min, max] (95 % interval) over its seeds; then each
     variant minus the first with its Welch interval and whether it is beyond the seeds' noise."""
@@ -179,10 +194,7 @@ def ablation_tables(res: dict, name: str, preset: str) -> list[Table]:
 def trajectory_view(rec: dict) -> list:
     """The problem, then per turn its reasoning, the code it ran and the tool's output (status in the title), then
     the final answer and the reward (rich renderables, in order)."""
-    from rich.panel import Panel
-    from rich.syntax import Syntax
-
-    from rstar2.sandbox import OK
+    from rich.syntax import Syntax  # pygments: loaded when a trajectory is shown
 
     out = [Panel(escape(rec["problem"]), title="problem", title_align="left")]
     for i, t in enumerate(rec["turns"], 1):
@@ -221,36 +233,6 @@ def import_table(rep, out: str, n_suites: int) -> Table:
     table.add_row("rows out", str(rep.rows_out), "", style="bold")
     return table
 
-# the essentials, short headers (a terminal's width); every figure is in the JSON
-_REAL_COLS = {"policy": lambda r: r["policy"],
-              "makespan s (min-max)": lambda r: f"{r['makespan_s']} ({r['makespan_min_s']}-{r['makespan_max_s']})",
-              "tok/s": lambda r: f"{r['tokens_per_s']:.0f}",
-              "÷ raw (min-max)": lambda r: f"{r['vs_raw_generate']} ({r['vs_raw_generate_min']}-{r['vs_raw_generate_max']})",
-              "÷ replay": lambda r: str(r["vs_replay"]),
-              "kv_aware ÷ this": lambda r: (f"{r['kv_aware_ratio']:.2f} ({r['kv_aware_ratio_min']:.2f}-"
-                                            f"{r['kv_aware_ratio_max']:.2f})" if "kv_aware_ratio" in r else "-"),
-              "preempt": lambda r: f"{r['preemptions']:g}", "KV max": lambda r: str(r["kv_usage_max"]),
-              "in flight": lambda r: str(r["peak_inflight"])}
-
-def _cpu(by_role: dict) -> str:
-    """A run's CPU seconds: driver / engines / sandbox."""
-    return "/".join(f"{by_role[k]:.1f}" for k in ("driver", "engines", "sandbox"))
-
-def rollout_real_table(res: dict, c: dict) -> Table:
-    """One KV configuration of the real rollout bench, per policy."""
-    table = Table(title=f"real rollout: {res['engines']} vLLM engines, {res['prompts']}x{res['samples']}, KV "
-                        f"{c['kv_capacity_tokens']} tokens/engine, median of {res['rounds']} rounds, raw generate "
-                        f"{c['raw_tokens_per_s_median']:.0f} tok/s, replay {c['replay_tokens_per_s_median']:.0f} "
-                        f"tok/s, {max(r['tool_calls'] for r in c['policies'])} tool calls per batch (load avg "
-                        f"{res['load_avg_start'][0]:.2f} at start)")
-    for col in _REAL_COLS:
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in c["policies"]:
-        table.add_row(*[f(r) for f in _REAL_COLS.values()])
-    table.caption = "CPU s per batch, driver/engines/sandbox (its replay's): " + ", ".join(
-        f"{r['policy']} {_cpu(r['cpu_s'])} ({_cpu(r['replay_cpu_s'])})" for r in c["policies"])
-    return table
-
 def evaluate_table(res: dict) -> Table:
     """`rstar2 evaluate` on the world's split: pass@1 with its standard error, pass@k, sizes."""
     ks = _ks(res)
@@ -274,4 +256,37 @@ def chaos_table(report: dict) -> Table:
         table.add_row("+".join(r["faults"]), escape(struck), r["verdict"], str(r["attempts"]),
                       "" if r["wall_s"] is None else f"{r['wall_s']:.0f}",
                       escape("\n".join(r["differences"])) or "none")
+    return table
+
+
+_ENTROPY_CLASSES = (("reasoning", "forking"), ("reflection", "reflection"))  # the analysis's class -> its name here
+
+
+def entropy_table(res: dict, run: str, top_frac: float, window: int, samples: int) -> Table:
+    """`rstar2 analyze entropy`: per checkpoint and token class, its tokens, mean entropy and share of the top set."""
+    table = Table(title=escape(f"rstar2 analyze entropy '{run}': the top {top_frac:.0%} entropy tokens; forking = in "
+                               f"reasoning, reflection = first {window} tokens after a tool response ({samples} "
+                               f"trajectories of {res['trajectories']})"))
+    for col in ("checkpoint", "tokens", "class", "class tokens", "mean entropy", "share of top", "class rate in top"):
+        table.add_column(col, justify="left" if col in ("checkpoint", "class") else "right")
+    for lbl, f in res["by_checkpoint"].items():
+        for c, kind in _ENTROPY_CLASSES:
+            table.add_row(lbl, str(f["tokens"]), kind, str(f[c]["tokens"]), f"{f[c]['entropy_mean']:.4f}",
+                          f"{f[c]['share_of_high']:.3f}", f"{f[c]['high_rate']:.3f}")
+    return table
+
+
+def entropy_top_strings(res: dict) -> list[str]:
+    """One line per checkpoint and token class: its most frequent high-entropy strings with their counts."""
+    return [f"{lbl} {kind}: " + escape(", ".join(f"{s!r} {n}" for s, n in f[c]["top_strings"]))
+            for lbl, f in res["by_checkpoint"].items() for c, kind in _ENTROPY_CLASSES]
+
+
+def sft_table(res: dict, out) -> Table:
+    """`rstar2 sft`: steps, each cycle's final loss, throughput and wall time."""
+    table = Table(title=f"rstar2 sft -> {out}")
+    for col in ("steps", "cycles: final loss", "tokens/s", "wall s"):
+        table.add_column(col)
+    table.add_row(str(res["steps"]), ", ".join(f"{x:.3f}" for x in res["cycle_losses"]), f"{res['tokens_per_s']:.0f}",
+                  f"{res['wall_s']:.1f}")
     return table

@@ -1,5 +1,3 @@
-import dataclasses
-import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -28,15 +26,10 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
 def run_sft(cfg: RunCfg, init_model: str, sft_data: str, out_dir: str) -> str:
     """Non-reasoning SFT; returns the SFT model dir (committed only when training finished)."""
     from rstar2.core import checkpoint
-    from rstar2.core.progress import bar
 
     if checkpoint.is_committed(Path(out_dir)):
         return out_dir  # a retried campaign does not redo a finished SFT
-    with bar("SFT") as progress:
-        def write(tmp: Path) -> None:
-            res = sft.train_with(cfg, Path(init_model), Path(sft_data), tmp, progress)
-            (tmp / "sft_result.json").write_text(json.dumps(dataclasses.asdict(res)))
-        checkpoint.commit(Path(out_dir), write, {"kind": "sft"})
+    sft.train_and_commit(cfg, Path(init_model), Path(sft_data), Path(out_dir), {})
     return out_dir
 
 

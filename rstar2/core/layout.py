@@ -231,6 +231,12 @@ class RunLayout(BaseModel):
         return d.parent if d.name.startswith(SEED_PREFIX) and (d.parent / "config.json").is_file() else d
 
     @staticmethod
+    def step_tables_pattern(out_dir: str, table: str) -> str:
+        """A glob of one table of every RL step of the single-seed runs under `out_dir` whose stages are named
+        stage*: `runs/*/stage*/step-*/rollouts.parquet`."""
+        return f"{out_dir}/*/stage*/{STEP_PREFIX}*/{table}"
+
+    @staticmethod
     def label(model_dir: str | Path, sep: str = "/") -> str:
         """A model's short name: `stage1/step-0016` for an RL checkpoint (with `sep`), else the directory's name."""
         p = Path(model_dir)

@@ -11,10 +11,11 @@ world's transcripts)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +26,9 @@ from rstar2.models import tools
 from rstar2.training import device as dev, numerics, transcripts
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 from rstar2.rollout.chat import ChatFormat
+from rstar2.core import checkpoint
 from rstar2.core.config import RunCfg
+from rstar2.core.progress import bar
 
 
 @dataclass
@@ -186,6 +189,21 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
                      wall_s=wall, cycle_losses=[r.final_loss for r in cycles],
                      fed_tokens=sum(r.fed_tokens for r in cycles), loss_tokens=sum(r.loss_tokens for r in cycles),
                      dtype=res.dtype)
+
+
+def train_and_commit(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path, meta: dict) -> SFTResult:
+    """`train_with` into `out_dir`, committed (rstar2.core.checkpoint, `meta` in its manifest) only when training
+    finished, its figures beside the model in sft_result.json; progress on a bar. A campaign's SFT task and `rstar2
+    sft` both train this way."""
+    done: list[SFTResult] = []
+
+    with bar("SFT") as progress:
+        def write(tmp: Path) -> None:
+            done.append(train_with(cfg, model_dir, data, tmp, progress))
+            (tmp / "sft_result.json").write_text(json.dumps(asdict(done[0])))
+
+        checkpoint.commit(out_dir, write, {"kind": "sft", **meta})
+    return done[0]
 
 
 def _pad_id(tok) -> int:

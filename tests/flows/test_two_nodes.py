@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from rstar2.cli.services import stop_tree, tree, wait_http
+from rstar2.cli.supervisor import stop_tree, tree, wait_http
 from rstar2.rollout import cluster
 from rstar2.core import checkpoint
 from tests.ports import free_port

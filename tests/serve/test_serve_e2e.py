@@ -19,7 +19,7 @@ import mlflow
 import psutil
 import pytest
 
-from rstar2.cli import services
+from rstar2.cli import supervisor
 from rstar2.core import config
 from tests.ports import free_port
 
@@ -31,7 +31,7 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          "stages.0.max_response_tokens=160",
          # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
          "engine.num_engines=1"]
-BOUND_S = services.WORKER_GRACE_S + services.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
+BOUND_S = supervisor.WORKER_GRACE_S + supervisor.SERVER_GRACE_S + 20  # serve's own bound, plus start-up slack
 
 
 def _until(what: str, check, timeout_s: float, every: float = 2.0):
@@ -119,7 +119,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path, monke
     assert time.monotonic() - t0 < BOUND_S
     left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
-    assert services.port_holder(first.pp) is None and services.port_holder(first.mp) is None
+    assert supervisor.port_holder(first.pp) is None and supervisor.port_holder(first.mp) is None
 
     second = Serve(home, runs, monkeypatch)
     try:
@@ -145,7 +145,7 @@ def test_interrupted_serve_leaves_nothing_and_the_run_is_retried(tmp_path, monke
     finally:
         started = second.stop(then)
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert services.port_holder(second.pp) is None and services.port_holder(second.mp) is None
+    assert supervisor.port_holder(second.pp) is None and supervisor.port_holder(second.mp) is None
 
 
 def _state(c, run_id):

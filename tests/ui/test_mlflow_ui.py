@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.cli import services
+from rstar2.cli import supervisor
 
 pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def mlflow_ui(tmp_path_factory, free_port):
                     "--world-seeds", "1", *sets],
                    cwd=ROOT, check=True, timeout=1800)
     port = free_port()
-    proc = services.start_mlflow(port, out, out / "mlflow-server.log")
+    proc = supervisor.start_mlflow(port, out, out / "mlflow-server.log")
     try:
         url = f"http://127.0.0.1:{port}"
         exp = _api(url, "experiments/get-by-name", experiment_name="rstar2-tiny")["experiment"]["experiment_id"]

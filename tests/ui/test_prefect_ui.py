@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.cli import services
+from rstar2.cli import supervisor
 
 pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +26,12 @@ def server(tmp_path_factory, free_port):
     home = tmp_path_factory.mktemp("prefect-home")
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "RSTAR2_ROOT": str(ROOT)}
-    proc = subprocess.Popen([services._bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([supervisor._bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=(home / "server.log").open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        services.wait_http(f"http://127.0.0.1:{port}/api/health", 180)
-        services.register_deployments(env)
+        supervisor.wait_prefect(f"http://127.0.0.1:{port}/api", 180)
+        supervisor.register_deployments(env)
         out = tmp_path_factory.mktemp("runs")
         sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
         subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "ui", *sets],

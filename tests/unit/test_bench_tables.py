@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from rstar2.cli.tables import rollout_real_table
+from rstar2.cli.bench_tables import rollout_real_table
 
 
 def test_real_bench_table_shows_each_policys_figures_on_one_line():

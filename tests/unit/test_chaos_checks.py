@@ -5,13 +5,13 @@ import copy
 
 import pytest
 
-from rstar2.cli import chaos, chaos_checks
+from rstar2.cli.chaos import checks, faults, runner
 
 
 def record(**change) -> dict:
     rec = {"pass1": 0.5, "steps": 3,
-           "figures": {**{m: [0.1, 0.2, 0.3] for m in chaos_checks.FIGURES}, "logprob_gap": [1e-7, 2e-7, 1e-7]},
-           "mlflow_steps": {m: [1, 2, 3] for m in chaos_checks.FIGURES + ["logprob_gap"]},
+           "figures": {**{m: [0.1, 0.2, 0.3] for m in checks.FIGURES}, "logprob_gap": [1e-7, 2e-7, 1e-7]},
+           "mlflow_steps": {m: [1, 2, 3] for m in checks.FIGURES + ["logprob_gap"]},
            "kept": ["a", "b", "c"],
            "rollouts": [{"rows": 24, "unique": 24, "keys": k} for k in "xyz"],
            "checkpoints": [{"name": f"step-000{i}", "committed": True, "optimizer_step": i, "committed_at": f"t{i}"}
@@ -22,15 +22,15 @@ def record(**change) -> dict:
 
 
 def test_the_same_run_differs_in_nothing():
-    assert chaos_checks.differences(record(), record(), {"step-0001": "t1"}) == []
+    assert checks.differences(record(), record(), {"step-0001": "t1"}) == []
 
 
 def test_each_kind_of_difference_is_named():
     ref = record()
     got = copy.deepcopy(ref)
     got["figures"]["grad_norm"][1] = 0.2000001
-    assert chaos_checks.differences(got, ref, {}) == ["grad_norm per step [0.1, 0.2000001, 0.3] != [0.1, 0.2, 0.3]"]
-    checks = {
+    assert checks.differences(got, ref, {}) == ["grad_norm per step [0.1, 0.2000001, 0.3] != [0.1, 0.2, 0.3]"]
+    cases = {
         "held-out pass@1": record(pass1=0.49),
         "logprob_gap": record(figures={**ref["figures"], "logprob_gap": [1e-7, 0.02, 1e-7]}),
         "MLflow reward_mean steps [1, 2, 2, 3]": record(mlflow_steps={**ref["mlflow_steps"],
@@ -44,11 +44,11 @@ def test_each_kind_of_difference_is_named():
         "optimizer steps at the checkpoints [1, 1, 2]": record(checkpoints=[
             {**c, "optimizer_step": s} for c, s in zip(ref["checkpoints"], (1, 1, 2))]),
     }
-    for want, got in checks.items():
-        diffs = chaos_checks.differences(got, ref, {})
+    for want, got in cases.items():
+        diffs = checks.differences(got, ref, {})
         assert len(diffs) == 1 and diffs[0].startswith(want), (want, diffs)
     # a checkpoint committed before the retry and committed again after it: a step done twice
-    assert chaos_checks.differences(record(), ref, {"step-0001": "t0"}) == [
+    assert checks.differences(record(), ref, {"step-0001": "t0"}) == [
         "checkpoints written again after the retry: ['step-0001']"]
 
 
@@ -64,18 +64,18 @@ def test_each_kind_of_difference_is_named():
     ({"returncode": 0, "attempts": 1, "struck": {}, "not_injected": ["trainer"], "differences": []}, "failed"),
 ])
 def test_verdicts(row, want):
-    assert chaos_checks.verdict(row) == want
+    assert checks.verdict(row) == want
 
 
 def test_an_unknown_fault_is_refused_before_anything_runs():
-    known = chaos.fault_table(60)
-    assert chaos.parse_rows(["engine+trainer", "flow"], known) == [["engine", "trainer"], ["flow"]]
+    known = faults.fault_table(60)
+    assert runner.parse_rows(["engine+trainer", "flow"], known) == [["engine", "trainer"], ["flow"]]
     with pytest.raises(ValueError, match="unknown fault.*gpu; known: none, engine, executor"):
-        chaos.parse_rows(["engine+gpu"], known)
+        runner.parse_rows(["engine+gpu"], known)
 
 
 def test_the_check_that_stopped_a_run_is_found_under_the_errors_around_it():
-    from rstar2.cli.main import _run_stop
+    from rstar2.cli.runs import _run_stop
     from rstar2.core.checkpoint import DiskFull
 
     full = DiskFull(28, "step-0002: the disk filled up while it was written")
@@ -92,7 +92,7 @@ def test_the_check_that_stopped_a_run_is_found_under_the_errors_around_it():
 def test_a_refused_or_stopped_campaign_ends_with_one_line_and_anything_else_with_its_traceback(capsys):
     import typer
 
-    from rstar2.cli.main import _stopped
+    from rstar2.cli.runs import _stopped
     from rstar2.core.checkpoint import DiskFull
     from rstar2.run.preflight import PreflightError
 
@@ -120,12 +120,11 @@ def test_the_executor_fault_finds_the_sandbox_s_executors_by_their_command_line(
     chaos matrix's executor row was silently not injected when the options changed)."""
     import psutil
 
-    from rstar2.cli import chaos_faults
     from rstar2.sandbox import SandboxLimits
     from rstar2.sandbox.service import SandboxService
 
-    assert chaos_faults._script(["/usr/bin/python3", "-s", "-P", "-S", "/x/zygote.py", "{}"]) == "/x/zygote.py"
+    assert faults._script(["/usr/bin/python3", "-s", "-P", "-S", "/x/zygote.py", "{}"]) == "/x/zygote.py"
     with SandboxService(SandboxLimits(timeout_s=1.5, cpu_s=2, memory_mb=256), slots=1):
         found = [p for p in psutil.Process().children(recursive=True)
-                 if chaos_faults._script(chaos_faults._cmdline(p)).endswith("zygote.py")]
+                 if faults._script(faults._cmdline(p)).endswith("zygote.py")]
     assert found

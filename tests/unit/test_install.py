@@ -27,8 +27,8 @@ def test_a_wheel_installs_one_top_level_name(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"rstar2"}
-    for floor in ("cli/main.py", "flows/campaign.py", "tasks/rl.py", "bench/rollout_sim.py", "core/layout.py",
-                  "run/controller.py", "presets/tiny.yaml"):
+    for floor in ("cli/main.py", "cli/chaos/runner.py", "flows/campaign.py", "tasks/rl.py", "bench/rollout_sim.py",
+                  "core/layout.py", "run/controller.py", "presets/tiny.yaml"):
         assert f"rstar2/{floor}" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "rstar2 = rstar2.cli.main:app" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -1,4 +1,4 @@
-"""`rstar2 serve` keeps its servers up (cli/services.py `_supervise`): a server that exits is started again, what is
+"""`rstar2 serve` keeps its servers up (cli/supervisor.py `_supervise`): a server that exits is started again, what is
 left of its process group first killed; the worker's exit ends the watch, and so do servers that keep exiting. Real
 processes stand in for the servers (a server's own restart on its port and state: tests/serve/test_serve_e2e.py)."""
 
@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from rstar2.cli import services
+from rstar2.cli import supervisor
 
 
 def _proc(seconds: float) -> subprocess.Popen:
@@ -28,17 +28,17 @@ def test_a_killed_server_is_started_again_its_group_killed_and_the_worker_ends_t
 
     running = {"Prefect server": start()}
     time.sleep(0.5)
-    orphan = [c.pid for c in services.tree(running["Prefect server"])[1:]]
+    orphan = [c.pid for c in supervisor.tree(running["Prefect server"])[1:]]
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
     os.kill(running["Prefect server"].pid, signal.SIGKILL)  # the leader dies; its child stays in its group
     try:
-        assert services._supervise(running, {"Prefect server": start}, worker, said.append) is True
+        assert supervisor._supervise(running, {"Prefect server": start}, worker, said.append) is True
         assert len(started) == 2 and running["Prefect server"] is started[1] and started[1].poll() is None
         assert said[0].startswith("the Prefect server exited (code -9); starting it again (1 of 3)")
         assert orphan and not any(_alive(pid) for pid in orphan)  # killed with its group, nothing holds its port
     finally:
         for p in started:
-            services.stop_tree(services.tree(p), 5)
+            supervisor.stop_tree(supervisor.tree(p), 5)
 
 
 def test_servers_that_keep_exiting_end_the_watch_after_the_restarts():
@@ -46,8 +46,8 @@ def test_servers_that_keep_exiting_end_the_watch_after_the_restarts():
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         running = {"MLflow server": _proc(0)}
-        assert services._supervise(running, {"MLflow server": lambda: _proc(0)}, worker, said.append) is False
-        assert sum("starting it again" in s for s in said) == services.SERVER_RESTARTS
+        assert supervisor._supervise(running, {"MLflow server": lambda: _proc(0)}, worker, said.append) is False
+        assert sum("starting it again" in s for s in said) == supervisor.SERVER_RESTARTS
     finally:
         worker.kill()
 

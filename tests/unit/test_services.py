@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from rstar2.cli import services
+from rstar2.cli import supervisor
 
 
 def test_a_taken_port_names_the_process_holding_it():
@@ -17,10 +17,10 @@ def test_a_taken_port_names_the_process_holding_it():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(services.PortInUse, match=rf"port {port} \(mlflow_port\) is already in use by pid "
+        with pytest.raises(supervisor.PortInUse, match=rf"port {port} \(mlflow_port\) is already in use by pid "
                                                      rf"{os.getpid()} "):
-            services.check_ports(prefect_port=_free_port(), mlflow_port=port)
-    services.check_ports(mlflow_port=port)  # free again: no error
+            supervisor.check_ports(prefect_port=_free_port(), mlflow_port=port)
+    supervisor.check_ports(mlflow_port=port)  # free again: no error
 
 
 def test_stop_tree_leaves_no_descendant_even_one_ignoring_sigterm():
@@ -28,10 +28,10 @@ def test_stop_tree_leaves_no_descendant_even_one_ignoring_sigterm():
     deadline = time.monotonic() + 10
     while len(psutil.Process(proc.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    procs = services.tree(proc)
+    procs = supervisor.tree(proc)
     assert len(procs) >= 3
     t0 = time.monotonic()
-    services.stop_tree(procs, grace_s=2.0)
+    supervisor.stop_tree(procs, grace_s=2.0)
     assert time.monotonic() - t0 < 10
     assert not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     proc.wait(timeout=5)

@@ -1,6 +1,6 @@
-"""The faults of `rstar2 chaos` (rstar2.cli.chaos): one campaign process of a row (`Run`), each fault's moment and
-injection (`Fault`, `fault_table`), and the servers a row runs of its own (`Server`: MLflow, Prefect, the sandbox's
-HTTP server), stopped and started again by the faults."""
+"""The faults of `rstar2 chaos` (rstar2.cli.chaos): one campaign process of a row (`Run`), and each fault's moment
+and injection (`Fault`, `fault_table`); the servers a row runs of its own (rstar2.cli.chaos.servers) are stopped
+here and started again by the runner."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Callable
 
 import psutil
 
-from rstar2.cli import services
 from rstar2.core import checkpoint
 from rstar2.core.layout import ROLLOUTS, RunLayout
+
 
 @dataclass
 class Run:
@@ -240,58 +239,6 @@ def _disk_unmount(run: Run) -> None:
     keep.rename(d)
 
 
-@dataclass
-class Server:
-    """A server a row runs beside its campaign (MLflow, the sandbox's HTTP server, Prefect): a fault stops it, and it
-    is started again `down_for` seconds later, as a supervisor would, in a thread of its own (the faults after it
-    keep their moments while it starts)."""
-    start: Callable[[], subprocess.Popen]
-    proc: subprocess.Popen | None = None
-    down_at: float | None = None
-    down_for: float = 0.0
-    starting: threading.Thread | None = None
-
-    def up(self) -> None:
-        self.proc, self.down_at = self.start(), None
-
-    def kill(self, sig: signal.Signals, down_for: float) -> None:
-        os.killpg(self.proc.pid, sig)
-        self.proc.wait(timeout=60)
-        self.down_at, self.down_for = time.monotonic(), down_for
-
-    def due(self) -> bool:
-        return self.down_at is not None and self.starting is None and time.monotonic() - self.down_at >= self.down_for
-
-    def up_soon(self) -> None:
-        self.starting = threading.Thread(target=self.up, daemon=True)
-        self.starting.start()
-
-    def wait_up(self) -> None:
-        """Up now: the start under way finished, or a start now."""
-        if self.starting is not None:
-            self.starting.join()
-            self.starting = None
-        if self.down_at is not None:
-            self.up()
-
-    def stop(self) -> None:
-        if self.starting is not None:
-            self.starting.join()
-        if self.proc is not None and self.down_at is None:
-            services.stop_tree(services.tree(self.proc), grace_s=30)
-
-
-def _servers_up(run: Run, due_only: bool = False) -> None:
-    """Start again the row's servers a fault stopped: those whose time is up, in the background (`due_only`), or all,
-    waiting until they answer."""
-    for server in run.state.get("servers", {}).values():
-        if due_only:
-            if server.due():
-                server.up_soon()
-        else:
-            server.wait_up()
-
-
 def _mlflow_stop(run: Run) -> str:
     run.state["servers"]["mlflow"].kill(signal.SIGTERM, run.state["outage_s"])
     return f"step 2 starts: the MLflow server stopped for {run.state['outage_s']:.0f} s"
@@ -334,6 +281,3 @@ def fault_table(outage_s: float) -> dict[str, Fault]:
         Fault("mlflow", f"step 2, for {outage_s:.0f} s", _committed(1), _mlflow_stop),
         Fault("prefect", "step 2", _committed(1), _prefect_restart),
     ]}
-
-
-# --- running a row

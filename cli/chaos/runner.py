@@ -1,26 +1,8 @@
-"""`rstar2 chaos`: kill parts of a running campaign, and check that the run they leave is the run without them.
-
-A shrunken campaign of the preset (a few RL steps, see SHRINK) runs once without faults (`ref`). Then, from the
-reference's SFT model, it runs again once per row of the plan, with each of the row's faults injected at its point,
-in turn (a fault waits for the one before it in its row). A run that stops with an error is retried with the same
-command (what the Prefect UI's Retry does), at most once per fault of its row. Verdicts:
-
-    recovered   the run ended by itself and every check below holds
-    retried     the run stopped with one error, a retry ended it, and every check below holds
-    lost        the run ended, but a check failed (named)
-    failed      a fault could not be injected, or the run did not end even on retry
-
-Checks, against the reference: each step's figures (reward, tool errors, format, length, grad norm, loss, entropy,
-RoC kept) and the held-out pass@1 to the last digit; each step's kept rollouts (a hash of problem, sample, tokens,
-reward); each step's rollout table holding every (problem, sample) once and the same ones; each step in MLflow exactly
-once; every checkpoint committed, with the trainer's optimizer step counting on, none left half-written, and none that
-was committed before a retry written again. The faults are in rstar2.cli.chaos_faults, the checks in
-rstar2.cli.chaos_checks.
-"""
+"""The runs of `rstar2 chaos` (rstar2.cli.chaos): the reference, then each row of faults from the same SFT model,
+each started, driven (a fault injected at its point), retried while it stops with an error, and checked."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -31,11 +13,11 @@ from typing import Callable
 
 import psutil
 
-from rstar2.cli import services
-from rstar2.core import checkpoint
+from rstar2.cli.chaos.checks import differences, results, verdict
+from rstar2.cli.chaos.faults import Fault, Run, Unready, fault_table
+from rstar2.cli.chaos.servers import servers_up, start_row_servers
+from rstar2.core import checkpoint, config, tracking
 from rstar2.core.layout import RunLayout
-from rstar2.cli.chaos_checks import differences, results, verdict
-from rstar2.cli.chaos_faults import Fault, Run, Server, Unready, _servers_up, fault_table
 
 # the shrunken campaign: three RL steps of a few prompts; every step updates (drop_all_equal off), so the optimizer
 # step count shows whether the trainer's state came back
@@ -79,7 +61,7 @@ def _drive(run: Run, pending: list[Fault], struck: dict[str, str], deadline: flo
             except psutil.Error as e:  # the process ended between finding it and the signal
                 struck[f.name] = f"could not be injected: {e}"
                 pending.remove(f)
-        _servers_up(run, due_only=True)
+        servers_up(run, due_only=True)
         time.sleep(0.05)
 
 
@@ -102,8 +84,8 @@ def run_row(run: Run, cmd: list[str], faults: list[Fault]) -> dict:
                                 for c in checkpoint.committed(run.layout.checkpoints(run.stage))}
             for f in faults:
                 f.mend(run)
-            _servers_up(run)  # the servers come back before the retry
-        _servers_up(run)  # and before the run's records are read
+            servers_up(run)  # the servers come back before the retry
+        servers_up(run)  # and before the run's records are read
     finally:
         for f in faults:
             f.cleanup(run)
@@ -111,8 +93,6 @@ def run_row(run: Run, cmd: list[str], faults: list[Fault]) -> dict:
             "not_injected": [f.name for f in pending], "committed_before_retry": committed_before,
             "wall_s": round(time.monotonic() - t0, 1)}
 
-
-# --- what a run left
 
 
 DEFAULT_ROWS = ["none", "engine", "executor", "server", "trainer", "flow", "disk", "mlflow", "prefect"]
@@ -127,26 +107,10 @@ def parse_rows(rows: list[str], known: dict[str, Fault]) -> list[list[str]]:
     return parsed
 
 
-def start_sandbox_server(sandbox, port: int, log: Path) -> subprocess.Popen:
-    """`rstar2 sandbox serve` on 127.0.0.1:`port` with the run's limits and slots (`sandbox`: its SandboxCfg)."""
-    from dataclasses import asdict
-
-    from rstar2.sandbox.backends import limits_of
-
-    proc = subprocess.Popen([sys.executable, "-m", "rstar2.cli.main", "sandbox", "serve", "--port", str(port),
-                             "--slots", str(sandbox.workers), "--limits", json.dumps(asdict(limits_of(sandbox)))],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    services.wait_http(f"http://127.0.0.1:{port}/health")
-    return proc
-
-
 def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: float, sft: Path | None = None,
               say: Callable[[str], None] = print) -> dict:
     """The reference run (from `sft`, a committed SFT model, when given; else it trains its own), then each row from
     the same SFT model; returns every figure the table shows (see the module docstring)."""
-    from rstar2.core import config, tracking
-    from rstar2.core.net import free_port
-
     known = fault_table(outage_s)
     plan = parse_rows(rows, known)
     if sft is not None and not checkpoint.is_committed(Path(sft)):
@@ -172,27 +136,9 @@ def run_chaos(preset: str, overrides: list[str], rows: list[str], outage_s: floa
         name = "+".join(faults)
         run = Run(RunLayout.of(out, name), stage, out / f"{name}.log",
                   state={"sft": sft, "split": cfg.eval.split, "outage_s": outage_s, "servers": {}})
-        row_uri, row_sets = uri, list(sets)
         say(f"row {name}: {', '.join(known[f].point for f in faults)} -> {run.layout.top}")
         try:
-            if "mlflow" in faults:  # this row tracks to a server of its own, which the fault stops and starts again
-                port, store = free_port(), out / f"{name}-mlflow"
-                server = run.state["servers"]["mlflow"] = Server(
-                    lambda: services.start_mlflow(port, store, out / f"{name}-mlflow.log"))
-                server.up()
-                row_uri = run.env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
-            if "prefect" in faults:  # the row's flows report to a Prefect server of its own (its own database)
-                port_p, home = free_port(), out / f"{name}-prefect"
-                server = run.state["servers"]["prefect"] = Server(lambda: services.start_prefect(
-                    port_p, out / f"{name}-prefect.log", env={"PREFECT_HOME": str(home)}))
-                server.up()
-                run.env["PREFECT_API_URL"] = f"http://127.0.0.1:{port_p}/api"
-            if "server" in faults:  # the row's code runs on a sandbox server of its own, with the run's limits
-                port_s = free_port()
-                server = run.state["servers"]["sandbox"] = Server(
-                    lambda: start_sandbox_server(cfg.sandbox, port_s, out / f"{name}-sandbox.log"))
-                server.up()
-                row_sets += ["sandbox.backend=http", f"sandbox.urls=[http://127.0.0.1:{port_s}]"]
+            row_uri, row_sets = start_row_servers(run, faults, out, cfg.sandbox, uri, sets)
             row = run_row(run, campaign_cmd(preset, row_sets, out, name, sft), [known[f] for f in faults])
             got = results(run.layout, stage, row_uri)
             row["differences"] = differences(got, want, row.pop("committed_before_retry"))

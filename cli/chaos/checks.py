@@ -1,11 +1,13 @@
 """The checks of `rstar2 chaos` (rstar2.cli.chaos): a run's figures as the table compares them (`results`), what
-differs from the reference (`differences`), and a row's verdict."""
+differs from the reference (`differences`), and a row's verdict: the command's exit code rests on them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
+import mlflow
+import polars as pl
 
 from rstar2.core import checkpoint
 from rstar2.core.layout import KEPT, ROLLOUTS, RunLayout
@@ -24,13 +26,9 @@ def _digest(frame) -> str:
 
 def results(layout: RunLayout, stage: str, tracking_uri: str) -> dict:
     """The figures and records a run left, as the checks compare them."""
-    import polars as pl
-
     summary = json.loads(layout.summary.read_text()) if layout.summary.exists() else {}
     out: dict = {"pass1": summary.get("pass1_rl"), "steps": summary.get("steps"), "figures": {}, "mlflow_steps": {}}
     if summary.get("mlflow_run_id"):
-        import mlflow
-
         client = mlflow.MlflowClient(tracking_uri)
         exp = client.get_run(summary["mlflow_run_id"]).info.experiment_id
         stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'")
@@ -105,6 +103,3 @@ def verdict(row: dict) -> str:
     if row["differences"]:
         return "lost"
     return "recovered" if row["attempts"] == 1 else "retried"
-
-
-# --- the command's work
