@@ -260,7 +260,7 @@ def command(
     update against TRL's GRPOTrainer on the same work."""
     from rstar2.core import progress
 
-    # the environment defaults are applied by the CLI (cli/main.py); the workers inherit them
+    # the environment defaults are applied by the CLI (cli/bench.py); the workers inherit them
     console = progress.console()
     names = [x.strip() for x in shapes_.split(",") if x.strip()]
     bad = [n for n in names if n not in shapes.SHAPES] or \

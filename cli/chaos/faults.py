@@ -236,7 +236,8 @@ def _disk_unmount(run: Run) -> None:
     shutil.copytree(d, keep, dirs_exist_ok=True)
     subprocess.run(["umount", str(d)], capture_output=True)
     shutil.rmtree(d, ignore_errors=True)
-    keep.rename(d)
+    checkpoint.write_dir_atomic(d, lambda tmp: shutil.copytree(keep, tmp, dirs_exist_ok=True))
+    shutil.rmtree(keep)
 
 
 def _mlflow_stop(run: Run) -> str:
