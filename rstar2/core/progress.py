@@ -62,6 +62,15 @@ def _lines(label: str, every_s: float):
         last = now
         loss = f", loss {value:.3f}" if value is not None else ""
         line = f"[{label}] {done}/{total} ({100 * done / max(total, 1):.0f} %){loss}, {now - start:.0f} s"
-        caller.copy().run(log.info, line)
+        caller.copy().run(_report, line)
 
     return update
+
+
+def _report(line: str) -> None:
+    """The line as an INFO record where logging prints it (a flow: Prefect's handlers, tasks/__init__.py); on stderr
+    in a bare command that set no logging up (e.g. `rstar2 sft` into a file), where the record would be dropped."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)

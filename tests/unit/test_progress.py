@@ -33,6 +33,14 @@ def test_a_short_phase_logs_nothing(caplog):
     assert caplog.records == []
 
 
+def test_a_bare_command_without_logging_prints_the_line_on_stderr(monkeypatch, capsys):
+    """No handler, level WARNING (a command that set no logging up): the record would be dropped, so stderr."""
+    monkeypatch.setattr(progress.log, "hasHandlers", lambda: False)
+    with progress.bar("SFT", every_s=0) as update:
+        update(1, 2, 0.5)
+    assert capsys.readouterr().err.startswith("[SFT] 1/2 (50 %), loss 0.500, ")
+
+
 def test_a_worker_thread_s_line_carries_the_opener_s_context(caplog):
     """Prefect finds a log line's run in the context: a line reported from another thread still names its run."""
     seen = []
