@@ -22,8 +22,9 @@ pytestmark = pytest.mark.ui
 # per-step reward, mean over each variant's seeds (tests/data/health/): full-sft's 3 seeds end at step 16 on 0.668,
 # 0.707, 0.574 (mean 0.64967) and are lowest at step 2 (0.273, 0.363, 0.340: 0.32533); weak-sft's 2 seeds end on
 # 0.152, 0.238 (0.195), lowest at step 5 (0.082, 0.137: 0.1095), highest at step 11 (0.195, 0.277: 0.236)
-REWARD = {"abl-full-sft": ("0.6496666666666666 (step=16)", "0.3253333333333333 (step=2)", "0.6496666666666666 (step=16)"),
-          "abl-weak-sft": ("0.195 (step=16)", "0.10950000000000001 (step=5)", "0.23600000000000002 (step=11)")}
+REWARD = {  # run: its latest, min and max with their steps, as the metric view's table prints them
+    "abl-full-sft": ("0.6496666666666666 (step=16)", "0.3253333333333333 (step=2)", "0.6496666666666666 (step=16)"),
+    "abl-weak-sft": ("0.195 (step=16)", "0.10950000000000001 (step=5)", "0.23600000000000002 (step=11)")}
 # held-out pass@1: the SFT model's at step 0, after RL the seeds' mean at step 16 (0.775, 0.765, 0.751: 0.76367;
 # 0.355, 0.266: 0.3105), as the files' headers recorded them
 PASS1 = {"abl-full-sft": [(0, 0.48), (16, 0.7636666666666666)], "abl-weak-sft": [(0, 0.242), (16, 0.3105)]}

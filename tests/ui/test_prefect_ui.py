@@ -98,7 +98,8 @@ def test_the_stage_run_s_page_shows_its_step_lines(server, chromium, shots):
     health = [log for log in logs if log.name == "rstar2.tasks.track"]
     assert len(health) == 1 and health[0].level == logging.INFO, [(log.name, log.message) for log in logs]
     line = health[0].message
-    assert re.fullmatch(r"\[stage1\] step 1 \| reward [\d.]+ \| fmt-viol [\d.]+ \| tool-err [\d.-]+ \| len \d+ \| .*", line)
+    assert re.fullmatch(r"\[stage1\] step 1 \| reward [\d.]+ \| fmt-viol [\d.]+ \| tool-err [\d.-]+ \| len \d+ \| .*",
+                        line), line
     page = f"{url}/runs/flow-run/{step[0].flow_run_id}?tab=Logs"
     dom = chromium(page, "--dump-dom")
     assert line in html.unescape(re.sub(r"<[^>]+>", "", dom)), line
