@@ -118,7 +118,7 @@ def test_every_step_prints_one_line(table):
     assert all("\n" not in health_line(r, r["step"]) for r in rows(table))
 
 
-def test_log_step_task_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, caplog):
+def test_log_step_task_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch):
     """The stage flow's log-step task, run step by step on COLLAPSE (global steps 100 + stage step): one health line
     per step, the metric collapse_alert 0/1 and the step's metrics on the stage run, the headline on the campaign
     run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
@@ -127,10 +127,17 @@ def test_log_step_task_logs_and_tags_the_first_alert_again_after_a_resume(tmp_pa
     from rstar2.tasks import costs
     from rstar2.tasks.track import log_step
 
-    caplog.set_level(logging.INFO, "rstar2")
+    # the track logger's records, caught on it: importing Prefect (above, in the first test to do so) sets the root
+    # logger's handlers anew, so pytest's caplog, on the root, would miss them
+    seen: list[logging.LogRecord] = []
+    catch = logging.Handler()
+    catch.emit = seen.append
+    track_log = logging.getLogger("rstar2.tasks.track")
+    monkeypatch.setattr(track_log, "handlers", [catch])
+    monkeypatch.setattr(track_log, "level", logging.INFO)
 
-    def lines() -> list[tuple[str, str]]:  # the track logger's records so far: (level, text)
-        return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "rstar2.tasks.track"]
+    def lines() -> list[tuple[str, str]]:  # (level, text) of each record so far
+        return [(r.levelname, r.getMessage()) for r in seen]
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     exp = tracking.setup("health", str(tmp_path))
