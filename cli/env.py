@@ -29,6 +29,9 @@ def defaults(root: Path) -> dict[str, str]:
         # the ephemeral API server's default 20 s start timeout fails on a loaded 2-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # the library's loggers reach the flow run's logs in the UI (tasks/__init__.py); a line outside a run stays
+        # on the terminal without a warning
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "rstar2", "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
         "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(root / "vllm"),

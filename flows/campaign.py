@@ -17,9 +17,10 @@ step, so no step is lost or done twice; with several seeds, a finished seed is n
 from __future__ import annotations
 
 import json
+import logging
 import time
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
@@ -37,6 +38,8 @@ from rstar2.tasks.preflight import preflight
 from rstar2.tasks.reports import campaign_report
 from rstar2.tasks.run import run_context
 from rstar2.tasks.world import run_sft
+
+log = logging.getLogger(__name__)
 
 
 class CampaignParams(BaseModel):
@@ -79,7 +82,7 @@ def campaign(params: CampaignParams = CampaignParams()) -> dict:
     layout = runstate.layout(cfg, params.run_name)
     layout.top.mkdir(parents=True, exist_ok=True)
     cfg, why = plan.settle_numerics(cfg, layout.config)  # auto numerics measured once; config.json states them
-    get_run_logger().info(why)
+    log.info(why)
     preflight(cfg, layout, params.sft_checkpoint)  # model, every prompt, sandbox: before anything
     layout.config.write_text(cfg.model_dump_json(indent=1))
     tags = {"preset": params.preset, "kind": "campaign", **({"ablation": cfg.ablation} if cfg.ablation else {})}

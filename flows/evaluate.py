@@ -12,10 +12,11 @@ allows it (`eval.while_training`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState, \
     FlowRunFilterStateType
@@ -29,6 +30,8 @@ from rstar2.core.layout import RunLayout, RunRef
 from rstar2.tasks import rl
 from rstar2.tasks.run import run_context
 from rstar2.tasks.world import prepare_suites
+
+log = logging.getLogger(__name__)
 
 
 class EvalParams(BaseModel):
@@ -123,7 +126,6 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
     """Deployment entry: evaluate one checkpoint of a run with a fresh engine (triggered: the newest, once)."""
     cfg, run = _run_cfg(params)
     split = params.split or cfg.eval.split
-    log = get_run_logger()
     if params.model:
         if params.trigger != "manual" or params.checkpoint:
             raise ValueError("model (a plain HF model directory) is for manual runs, instead of a checkpoint")
@@ -132,15 +134,15 @@ def evaluate(params: EvalParams = EvalParams()) -> dict:
         model_dir = params.checkpoint or runstate.resume_point(run, cfg, runstate.sft_model(run, cfg))[0]
     else:
         if params.trigger == "checkpoint" and not cfg.eval.on_checkpoint:
-            return _skip(log, f"eval.on_checkpoint is off for {cfg.name}")
+            return _skip(f"eval.on_checkpoint is off for {cfg.name}")
         newest = runstate.newest_checkpoint(run, cfg)
         if newest is None:
-            return _skip(log, f"{run.root} has no committed RL checkpoint yet")
+            return _skip(f"{run.root} has no committed RL checkpoint yet")
         model_dir = str(newest)
         if runstate.evaluated(run, model_dir, split):
-            return _skip(log, f"the newest checkpoint {model_dir} is already evaluated on {split}")
+            return _skip(f"the newest checkpoint {model_dir} is already evaluated on {split}")
         if not cfg.eval.while_training and campaign_running(run):
-            return _skip(log, f"the campaign of {run.root} is still running (eval.while_training is off)")
+            return _skip(f"the campaign of {run.root} is still running (eval.while_training is off)")
     if not checkpoint.is_committed(Path(model_dir)):
         raise ValueError(f"{model_dir} is not a committed checkpoint; nothing to evaluate")
     # held: the campaign's checkpoint.keep_last pruning leaves it alone while it is evaluated
@@ -161,6 +163,6 @@ def _evaluate_model(cfg: RunCfg, run: RunLayout, model_dir: str, split: str) -> 
         return evaluate_checkpoint(cfg, ref, model_dir, result_name(model_dir, split), split)
 
 
-def _skip(log, why: str) -> dict:
+def _skip(why: str) -> dict:
     log.info("nothing to evaluate: %s", why)
     return {"skipped": why}

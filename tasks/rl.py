@@ -1,7 +1,9 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate. Each takes the
 run's reference (rstar2.core.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
-the run's Controller from the reference (rstar2.tasks.run.controller)."""
+the run's Controller from the reference (rstar2.tasks.run.controller). Evaluation tables go to the `rstar2.tasks.rl`
+logger (INFO): the terminal and the flow run's Prefect logs."""
 
+import logging
 import time
 from pathlib import Path
 
@@ -20,9 +22,12 @@ from rstar2.run import runstate, steps
 from rstar2.run import mining
 from rstar2.core.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.core.layout import RunLayout, RunRef
+from rstar2.core import progress
 from rstar2.core.progress import bar
 from rstar2.tasks import costs, publish
 from rstar2.tasks.run import controller
+
+log = logging.getLogger(__name__)
 
 
 class ModelRef(BaseModel):
@@ -240,11 +245,9 @@ def log_evaluation(run: RunRef, result: dict, model: ModelRef, split: str) -> st
 @task(name="log-suites", cache_policy=None)
 @costs.work
 def log_suites(run: RunRef, results: dict[str, dict], model: ModelRef, name: str) -> str:
-    """A checkpoint's evaluation on the suites: its table (suite x metric) on the terminal and as a run artifact
+    """A checkpoint's evaluation on the suites: its table (suite x metric) logged and as a run artifact
     (`eval/<name>.json`), each figure as metric `eval/<suite>/<figure>` on the run and the checkpoint's LoggedModel."""
-    from rich.console import Console
-
-    Console(width=200).print(report.suite_table(results, f"evaluation {name}: {model.dir}"))
+    log.info("%s", progress.text(report.suite_table(results, f"evaluation {name}: {model.dir}")))
     with costs.mlflow():
         model_id = tracking.checkpoint_model(run.experiment_id, run.mlflow_run_id, model.dir, model.meta)
         tracking.log_model_metrics(run.mlflow_run_id, model_id, {f"eval/{suite}/{k}": v for suite, res in

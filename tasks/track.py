@@ -1,8 +1,11 @@
 """MLflow writes as tasks, so each is a node of its flow's graph (retried, timed and logged like the rest). Runs are
-addressed by id (rstar2.core.tracking); a retried flow finds its runs again by key and keeps logging into them."""
+addressed by id (rstar2.core.tracking); a retried flow finds its runs again by key and keeps logging into them. A
+step's health line (INFO) and collapse alert (WARNING) go to the `rstar2.tasks.track` logger: the terminal and the
+flow run's Prefect logs."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +17,8 @@ from rstar2.evaluation import health
 
 from rstar2.core import tracking
 from rstar2.tasks import costs
+
+log = logging.getLogger(__name__)
 
 
 class RunSpec(BaseModel):
@@ -97,12 +102,12 @@ def ending(run_id: str, owns_run: bool = True) -> Iterator[None]:
 
 def _step_writes(rows: list[dict], global_step0: int, stage: str) -> tuple[int, dict, dict, dict]:
     """The last of `rows` as written: its global step, the campaign run's headline figures, the stage run's metrics
-    and the collapse tags; prints its health line and, if it fired, the collapse alert."""
+    and the collapse tags; logs its health line and, if it fired, the collapse alert."""
     row, step = rows[-1], global_step0 + rows[-1]["step"]
     fired = health.collapse_alert(rows)
-    print(f"[{stage}] {health.health_line(row, step)}", flush=True)
+    log.info("[%s] %s", stage, health.health_line(row, step))
     if fired:
-        print(f"[{stage}] ALERT collapse at step {step}: {'; '.join(fired)}", flush=True)
+        log.warning("[%s] ALERT collapse at step %d: %s", stage, step, "; ".join(fired))
     tags = {}
     if first := health.first_collapse(rows):
         i, what = first
@@ -116,7 +121,7 @@ def _step_writes(rows: list[dict], global_step0: int, stage: str) -> tuple[int, 
 @task(name="log-step", cache_policy=None)
 def log_step(rows: list[dict], global_step0: int, stage: str, runs: tuple[str, str],
              since: tuple[float, dict]) -> tuple[dict, tuple[float, dict]]:
-    """One RL step on the terminal and in MLflow, one write per run. Terminal: the health line, and the collapse alert
+    """One RL step in the logs and in MLflow, one write per run. Logs: the health line, and the collapse alert
     (rstar2/evaluation/health.py) over the stage's history `rows` (per-step metrics, oldest first, rebuilt from the
     committed checkpoints on a resumed run). Stage run: the step's metrics (evaluation figures are logged with their
     checkpoint), collapse_alert 0/1, what orchestration cost the step (tasks/costs.py) and, once the alert fired, the

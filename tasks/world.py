@@ -1,11 +1,14 @@
+import logging
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 
 from rstar2.training import sft
 from rstar2.core.config import RunCfg
 from rstar2.world import build
 from rstar2.tasks import costs
+
+log = logging.getLogger(__name__)
 
 
 @task(name="build-world", cache_policy=None, retries=0)
@@ -15,9 +18,9 @@ def build_world(cfg: RunCfg, out_dir: str) -> dict[str, str]:
     problem tables (world.<split>_data) are brought in again whenever their content changed."""
     uris, synced = build.ensure(cfg, Path(out_dir))
     for split, r in synced.items():
-        get_run_logger().warning(f"world.{split}_data {r['source']}: {r['rows_out']} of {r['rows_in']} rows kept "
-                                 f"({r['dropped_malformed']} malformed, {r['dropped_non_integer']} with a "
-                                 f"non-integer answer dropped)")
+        log.warning(f"world.{split}_data {r['source']}: {r['rows_out']} of {r['rows_in']} rows kept "
+                    f"({r['dropped_malformed']} malformed, {r['dropped_non_integer']} with a "
+                    f"non-integer answer dropped)")
     return uris
 
 

@@ -1,9 +1,13 @@
-"""Progress of long work (SFT, rollouts, evaluation): a rich bar in a terminal, a plain line now and then in a log;
-and the console commands print their tables on."""
+"""Progress of long work (SFT, rollouts, evaluation): a rich bar in a terminal, a plain line now and then in a log
+(logger `rstar2.core.progress` at INFO, which Prefect also sends to the run's logs); and the console commands print
+their tables on."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import io
+import logging
 import sys
 import time
 
@@ -12,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 LOG_EVERY_S = 60.0  # without a terminal: one line per minute of a long phase, none for a short one
 LOG_WIDTH = 200  # without a terminal: columns a table may take (rich's default, 80, cuts a wide one's cells)
+log = logging.getLogger(__name__)
 
 
 def console() -> Console:
@@ -19,10 +24,19 @@ def console() -> Console:
     return Console(width=None if sys.stdout.isatty() else LOG_WIDTH)
 
 
+def text(renderable) -> str:
+    """A rich renderable (e.g. a table) as plain text LOG_WIDTH wide, for a log line."""
+    out = Console(width=LOG_WIDTH, file=io.StringIO(), color_system=None)
+    out.print(renderable)
+    return out.file.getvalue().rstrip()
+
+
 @contextlib.contextmanager
 def bar(label: str, every_s: float = LOG_EVERY_S):
-    """Yields `update(done, total, loss_or_none)`: a transient bar when stderr is a terminal; else a line on stderr
-    at most every `every_s` seconds (`[SFT] 412/1652 (25 %), loss 0.231, 301 s`), so a log shows a long phase moving."""
+    """Yields `update(done, total, loss_or_none)`: a transient bar when stderr is a terminal; else a line logged (INFO)
+    at most every `every_s` seconds (`[SFT] 412/1652 (25 %), loss 0.231, 301 s`), so a log shows a long phase moving.
+    The line carries the context of the caller that opened the bar (e.g. its Prefect task run), also when `update` is
+    called from a worker thread."""
     if not sys.stderr.isatty():
         yield _lines(label, every_s)
         return
@@ -38,6 +52,7 @@ def bar(label: str, every_s: float = LOG_EVERY_S):
 
 def _lines(label: str, every_s: float):
     start = last = time.monotonic()
+    caller = contextvars.copy_context()
 
     def update(done: int, total: int, value: float | None = None) -> None:
         nonlocal last
@@ -46,7 +61,16 @@ def _lines(label: str, every_s: float):
             return
         last = now
         loss = f", loss {value:.3f}" if value is not None else ""
-        print(f"[{label}] {done}/{total} ({100 * done / max(total, 1):.0f} %){loss}, {now - start:.0f} s",
-              file=sys.stderr, flush=True)
+        line = f"[{label}] {done}/{total} ({100 * done / max(total, 1):.0f} %){loss}, {now - start:.0f} s"
+        caller.copy().run(_report, line)
 
     return update
+
+
+def _report(line: str) -> None:
+    """The line as an INFO record where logging prints it (a flow: Prefect's handlers, tasks/__init__.py); on stderr
+    in a bare command that set no logging up (e.g. `rstar2 sft` into a file), where the record would be dropped."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)

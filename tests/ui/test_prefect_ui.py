@@ -1,10 +1,14 @@
-"""Headless Chromium against the local Prefect UI: the deployments of prefect.yaml are listed, and a finished
-campaign's RL-step flow run opens with its DAG; screenshots land in $RSTAR2_UI_SHOTS (default .rstar2/ui-shots).
+"""Headless Chromium against the local Prefect UI: the deployments of prefect.yaml are listed, a finished campaign's
+RL-step flow run opens with its DAG, and the stage's flow run shows its step's health line in its logs; screenshots
+land in $RSTAR2_UI_SHOTS (default .rstar2/ui-shots).
 
 Needs Debian's `chromium`; run it with `bash infra/dev.sh ui-test` (installs chromium if missing). It starts its own
 Prefect server on a free port, registers the deployments, runs a 1-step tiny campaign against it, then looks."""
 
+import html
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +83,25 @@ def test_the_ui_opens_a_finished_campaign_and_its_step_dag(server, chromium, sho
     chromium(f"{url}/runs/flow-run/{stage.id}", f"--screenshot={shots / 'rl-step-dag.png'}")
     chromium(f"{url}/runs/flow-run/{campaign[0].id}", f"--screenshot={shots / 'campaign.png'}")
     assert (shots / "rl-step-dag.png").stat().st_size > 10_000
+
+
+def test_the_stage_run_s_page_shows_its_step_lines(server, chromium, shots):
+    """The stage's flow run holds its step's health line (INFO, logger rstar2.tasks.track) in its Prefect logs, and
+    the run's page shows it in its Logs tab."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, TaskRunFilterName
+
+    url, _ = server
+    with SyncPrefectClient(f"{url}/api") as client:
+        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-step-0"])))
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[step[0].flow_run_id])))
+    health = [log for log in logs if log.name == "rstar2.tasks.track"]
+    assert len(health) == 1 and health[0].level == logging.INFO, [(log.name, log.message) for log in logs]
+    line = health[0].message
+    assert re.fullmatch(r"\[stage1\] step 1 \| reward [\d.]+ \| fmt-viol [\d.]+ \| tool-err [\d.-]+ \| len \d+ \| .*",
+                        line), line
+    page = f"{url}/runs/flow-run/{step[0].flow_run_id}?tab=Logs"
+    dom = chromium(page, "--dump-dom")
+    assert line in html.unescape(re.sub(r"<[^>]+>", "", dom)), line
+    chromium(page, f"--screenshot={shots / 'stage-logs.png'}")
+    assert (shots / "stage-logs.png").stat().st_size > 10_000

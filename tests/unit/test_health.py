@@ -1,6 +1,8 @@
 """The per-step health line and the collapse alert (rstar2/evaluation/health.py) on recorded-style metric
 trajectories."""
 
+import logging
+
 import pytest
 
 from rstar2.evaluation.health import collapse_alert, first_collapse, health_line
@@ -116,7 +118,7 @@ def test_every_step_prints_one_line(table):
     assert all("\n" not in health_line(r, r["step"]) for r in rows(table))
 
 
-def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch, capsys):
+def test_log_step_task_logs_and_tags_the_first_alert_again_after_a_resume(tmp_path, monkeypatch):
     """The stage flow's log-step task, run step by step on COLLAPSE (global steps 100 + stage step): one health line
     per step, the metric collapse_alert 0/1 and the step's metrics on the stage run, the headline on the campaign
     run, the tags naming the first firing; a resumed stage (history rebuilt from the committed manifests, here steps
@@ -124,6 +126,18 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     from rstar2.core import tracking
     from rstar2.tasks import costs
     from rstar2.tasks.track import log_step
+
+    # the track logger's records, caught on it: importing Prefect (above, in the first test to do so) sets the root
+    # logger's handlers anew, so pytest's caplog, on the root, would miss them
+    seen: list[logging.LogRecord] = []
+    catch = logging.Handler()
+    catch.emit = seen.append
+    track_log = logging.getLogger("rstar2.tasks.track")
+    monkeypatch.setattr(track_log, "handlers", [catch])
+    monkeypatch.setattr(track_log, "level", logging.INFO)
+
+    def lines() -> list[tuple[str, str]]:  # (level, text) of each record so far
+        return [(r.levelname, r.getMessage()) for r in seen]
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     exp = tracking.setup("health", str(tmp_path))
@@ -134,19 +148,19 @@ def test_log_step_task_prints_logs_and_tags_the_first_alert_again_after_a_resume
     for i in range(9):
         cost, since = log_step.fn(h[:i + 1], 100, "s1", (run_id, campaign), since)
         assert 0.0 <= cost["orchestration_overhead_frac"] <= 1.0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err 0.150 | len - |")
-    assert out[-2:] == ["[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | clip-hi - | "
-                        "clip-lo - | entropy -",
-                        "[s1] ALERT collapse at step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); "
-                        "tool_error_rate 0.14 -> 0.40 (noise 0.02)"]
+    out = lines()
+    assert out[0][0] == "INFO" and out[0][1].startswith("[s1] step 101 | reward 0.300 | fmt-viol 0.200 | tool-err "
+                                                          "0.150 | len - |")
+    assert out[-2:] == [("INFO", "[s1] step 109 | reward 0.200 | fmt-viol 0.360 | tool-err 0.400 | len - | grad - | "
+                                 "clip-hi - | clip-lo - | entropy -"),
+                        ("WARNING", "[s1] ALERT collapse at step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); "
+                                    "tool_error_rate 0.14 -> 0.40 (noise 0.02)")]
     tags = {"alert.collapse": "step 109: format_violation_rate 0.18 -> 0.36 (noise 0.03); tool_error_rate 0.14 -> 0.40 "
                               "(noise 0.02)", "alert.collapse_step": "109"}
     tracking.client().delete_tag(run_id, "alert.collapse")  # as if the run died after step 9's commit, before tagging
     log_step.fn(h[:10], 100, "s1", (run_id, campaign), since)
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "[s1] ALERT collapse at step 110: format_violation_rate 0.18 -> 0.51 (noise 0.03); "
-        "tool_error_rate 0.14 -> 0.69 (noise 0.02)")
+    assert lines()[-1] == ("WARNING", "[s1] ALERT collapse at step 110: format_violation_rate 0.18 -> 0.51 (noise "
+                                      "0.03); tool_error_rate 0.14 -> 0.69 (noise 0.02)")
     client = tracking.client()
     assert {k: client.get_run(run_id).data.tags.get(k) for k in tags} == tags
     history = lambda run, key: sorted((m.step, m.value) for m in client.get_metric_history(run, key))  # noqa: E731
