@@ -3,9 +3,9 @@
 
 No barrier: the scheduler (rstar2.rollout.scheduler, through a SchedulerSession) places each trajectory on one engine
 (sticky), and each trajectory's next turn goes to its engine the moment it is ready (placed, or its tool reply in); the
-engine batches whatever is in flight (continuous batching, rstar2.rollout.engine) and every turn comes back on its own.
-A tool call goes to the sandbox as it is (`Sandbox.submit`: a future), so one trajectory's sandbox time overlaps the
-others' generation; the sandbox alone bounds the calls in flight (its workers and queue), the loop adds no pool.
+engine batches whatever is in flight (continuous batching, rstar2.rollout.engine_loop) and every turn comes back on its
+own. A tool call goes to the sandbox as it is (`Sandbox.submit`: a future), so one trajectory's sandbox time overlaps
+the others' generation; the sandbox alone bounds the calls in flight (its workers and queue), the loop adds no pool.
 
 Everything that completes (a turn, a tool call, an engine probe) becomes an event on one queue, handled by the
 loop's thread in arrival order: `TurnDone`, `ToolDone`, `Probed`, `EngineError`. An engine that fails, or hangs
@@ -26,13 +26,13 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import SchedulerCfg
+from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.partial import Cut
-from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
-                            tool_turn)
 from rstar2.rollout.scheduler import CUT, END, TOOL, TURN, Scheduler, SchedulerSession
+from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
+                                       tool_turn)
 
 
 class EngineClient(Protocol):
@@ -384,8 +384,10 @@ class AgentLoop:
                                f"sched_engine{e}_peak_waiting": w.peak_waiting})
         waits = self.tool_waits
         return {"rollout_wall_s": wall, "sched_policy": summ["policy"],
-                "sched_queue_wait_mean_s": summ["queue_wait_mean_s"], "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
+                "sched_queue_wait_mean_s": summ["queue_wait_mean_s"],
+                "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
                 "sched_requeued": summ["requeued"], "sched_engine_failures": len(self.failures),
-                "sched_tool_wait_s": float(sum(waits)), "sched_tool_wait_mean_s": float(np.mean(waits)) if waits else 0.0,
+                "sched_tool_wait_s": float(sum(waits)),
+                "sched_tool_wait_mean_s": float(np.mean(waits)) if waits else 0.0,
                 "sched_preemptions": sum(v for k, v in per_engine.items() if k.endswith("_preemptions")),
                 "sched_failures": self.failures, **per_engine}

@@ -80,7 +80,7 @@ class Trajectory:
 
     def turn_requests(self) -> list[tuple[list[int], int, int | None]]:
         """Its model turns as the agent loop sent them, (context, max_tokens, seed) each. For a replay without tools
-        (rstar2.rollout.engine)."""
+        (rstar2.rollout.engine_loop.EngineLoop.submit_chains)."""
         return [(self.prompt_ids + self.response_ids[:i], self.budget - i, self.turn_seed(k))
                 for k, i in enumerate(self.turn_starts)]
 

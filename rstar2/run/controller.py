@@ -20,8 +20,8 @@ from rstar2.reward import Verifier
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.agent_loop import EngineSet
 from rstar2.rollout.chat import ChatFormat
-from rstar2.rollout.engine import sleep_mode_available
 from rstar2.rollout.estimator import LengthEstimator
+from rstar2.rollout.vllm_backend import sleep_mode_available
 from rstar2.run.actors import actor_names, on_gpus
 from rstar2.run.engine_actors import EngineActors
 from rstar2.run.sandboxes import Sandboxes

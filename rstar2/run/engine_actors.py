@@ -1,4 +1,4 @@
-"""A run's vLLM engine actors (rstar2.rollout.engine.EngineActor): started from a model, or taken over alive under
+"""A run's vLLM engine actors (rstar2.rollout.engine_actor.EngineActor): started from a model, or taken over alive under
 their names, each in its placement; their KV capacity as vLLM sized it; the agent loop's clients of them; a call on
 every engine at once; a reload from a checkpoint directory; the check that they serve the weights they were sent
 (rstar2.core.fingerprint); sleep and wake-up around a colocated trainer's update.
@@ -21,7 +21,8 @@ from rstar2.core.fingerprint import WeightSyncError
 from rstar2.rollout import cluster, placement
 from rstar2.rollout.agent_loop import EngineSet
 from rstar2.rollout.cluster import EngineClient
-from rstar2.rollout.engine import EngineActor, EngineSpec
+from rstar2.rollout.engine_actor import EngineActor
+from rstar2.rollout.vllm_backend import EngineSpec
 from rstar2.run.actors import actor_names, await_released, find, kill
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,6 @@ def _spawn(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.
     # carries its own sampling seed (rstar2.rollout.trajectory.Trajectory.turn_seed), so this one picks no sample
     spec = EngineSpec.of_run(cfg, model_dir, seed=cfg.seed + index)
     # num_cpus=0: on a 2-core laptop engines and trainer take turns, they never run at once. An async actor: its
-    # event loop holds every waiting turn while the engine's own thread generates (rstar2.rollout.engine)
+    # event loop holds every waiting turn while the engine's own thread generates (rstar2.rollout.engine_actor)
     return ray.remote(EngineActor).options(name=name, max_concurrency=cluster.MAX_CONCURRENT_CALLS,
                                            **place.engine_options(index)).remote(spec)
