@@ -17,7 +17,7 @@ from rstar2.rollout.vllm_backend import EngineSpec, VLLMBackend
 
 
 class VLLMEngine:
-    """The engine, usable in-process (tests) with blocking methods; EngineActor is its Ray face."""
+    """The engine, usable in-process with blocking methods; rstar2.rollout.engine_actor.EngineActor is its Ray face."""
 
     def __init__(self, spec: EngineSpec):
         t0 = time.perf_counter()

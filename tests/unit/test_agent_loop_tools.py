@@ -4,12 +4,9 @@ bounded by the sandbox alone, not by a pool in the loop, and each result lands o
 import threading
 from concurrent.futures import Future
 
-from rstar2.rollout.chat import ChatFormat
 from rstar2.sandbox import ExecResult
-from rstar2.world.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
-from tests.unit.test_rollout import ANSWER, FakeEngine, chat, run_sched, scripted  # noqa: F401 - chat is a fixture
+from tests.unit.test_rollout import ANSWER, TINY, FakeEngine, chat, run_sched, scripted  # noqa: F401 - chat: a fixture
 
-TINY = ChatFormat.from_template(CHAT_TEMPLATE, SPECIAL_TOKENS, "the tiny world's template")  # text only
 PROBLEMS, SAMPLES = 12, 4  # 48 trajectories, each calling the tool once
 
 
