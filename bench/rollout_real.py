@@ -45,7 +45,7 @@ from rstar2.core import config
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunLayout
 from rstar2.run.controller import Controller
-from rstar2.rollout.engine import EngineActor
+from rstar2.rollout.engine_actor import EngineActor
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.sandbox.executor import ZYGOTE
 
@@ -209,7 +209,7 @@ def _raw_generate(names: list, cfg: RunCfg, chat, problems: list[dict], samples:
 def _replay(names: list, cfg: RunCfg, chains: list[list[tuple]]) -> dict:
     """The agent loop's turns without the agent loop: every trajectory's model turns (contexts, budgets and seeds as the
     loop sent them, tool replies included), chained inside the engines, each turn the step after the one before ended
-    (rstar2.rollout.engine.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the agent
+    (rstar2.rollout.engine_loop.EngineLoop.submit_chains); round-robin split, all at once. The same tokens as the agent
     loop's, with tools answered instantly and no round trip per turn: a loop's best case on these engines, for this
     split."""
     k = len(names)

@@ -58,7 +58,8 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     from rstar2.core import checkpoint, weight_bus
     from rstar2.core.layout import step_name
     from rstar2.core.net import free_port
-    from rstar2.rollout.engine import EngineActor, EngineSpec
+    from rstar2.rollout.engine_actor import EngineActor
+    from rstar2.rollout.vllm_backend import EngineSpec
 
     spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20)
     engine = ray.remote(num_cpus=0)(EngineActor).remote(spec)

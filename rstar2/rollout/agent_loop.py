@@ -3,8 +3,9 @@
 
 No barrier: the scheduler (rstar2.rollout.scheduler, through a SchedulerSession) places each trajectory on one engine
 (sticky), and each trajectory's next turn goes to its engine the moment it is ready (placed, or its tool reply in); the
-engine batches whatever is in flight (continuous batching, rstar2.rollout.engine) and every turn comes back on its own.
-Tool calls run in a thread pool, so one trajectory's sandbox time overlaps the others' generation.
+engine batches whatever is in flight (continuous batching, rstar2.rollout.engine_loop) and every turn comes back on its
+own. A tool call goes to the sandbox as it is (`Sandbox.submit`: a future), so one trajectory's sandbox time overlaps
+the others' generation; the sandbox alone bounds the calls in flight (its workers and queue), the loop adds no pool.
 
 Everything that completes (a turn, a tool call, an engine probe) becomes an event on one queue, handled by the
 loop's thread in arrival order: `TurnDone`, `ToolDone`, `Probed`, `EngineError`. An engine that fails, or hangs
@@ -19,21 +20,19 @@ from __future__ import annotations
 
 import queue
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import SchedulerCfg
+from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.partial import Cut
-from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
-                            tool_turn)
 from rstar2.rollout.scheduler import CUT, END, TOOL, TURN, Scheduler, SchedulerSession
-
-TOOL_THREADS = 32
+from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
+                                       tool_turn)
 
 
 class EngineClient(Protocol):
@@ -78,7 +77,7 @@ class TurnDone:
 class ToolDone:
     tid: int
     pending: Pending
-    future: Future  # of sandbox.run_batch([the call]): read on the loop's thread, so a sandbox error stops the rollout
+    future: Future  # of sandbox.submit(the call): read on the loop's thread, so a sandbox error stops the rollout
     sent_at: float
 
 
@@ -209,22 +208,22 @@ class AgentLoop:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.failures: list[dict] = []
         self.tool_waits: list[float] = []
-        self.tools_out = self.finished = 0
+        self.tools_out: set[Future] = set()  # tool calls in the sandbox
+        self.finished = 0
         first = self._probe_all()  # stats before the rollout (the preemption baseline); no answer = dead
         wait(first, timeout=self.cfg.hang_timeout_s)
-        with ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rollout-tool") as self.pool:
-            while not (self.cut.settled if self.cut else self.session.done):
-                self._place()
-                for c in self.clients:  # the turns placed now and those the last events sent on
-                    c.flush()
-                self._probe_all()
-                if not self.tools_out and not any(w.inflight for w in self.watch):
-                    raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")
-                for ev in self._next_events(self.cfg.probe_interval_s):
-                    self._handle(ev)
-                self._check_hangs()
-            if self.cut:
-                self._abort_rest()
+        while not (self.cut.settled if self.cut else self.session.done):
+            self._place()
+            for c in self.clients:  # the turns placed now and those the last events sent on
+                c.flush()
+            self._probe_all()
+            if not self.tools_out and not any(w.inflight for w in self.watch):
+                raise RuntimeError("rollout stalled: trajectories left but nothing running (a scheduler bug)")
+            for ev in self._next_events(self.cfg.probe_interval_s):
+                self._handle(ev)
+            self._check_hangs()
+        if self.cut:
+            self._abort_rest()
         return self.trajs, self._metrics()
 
     def now(self) -> float:
@@ -253,9 +252,10 @@ class AgentLoop:
         f.add_done_callback(lambda f: self.events.put(_turn_event(e, tid, f)))
 
     def _call_tool(self, tid: int, p: Pending) -> None:
+        """The call goes to the sandbox at once; a full sandbox queue holds this thread until it has room."""
         sent = self.now()
-        self.tools_out += 1
-        f = self.pool.submit(self.sandbox.run_batch, [p.request])
+        f = self.sandbox.submit(p.request)
+        self.tools_out.add(f)
         f.add_done_callback(lambda f: self.events.put(ToolDone(tid, p, f, sent)))
 
     def _probe_all(self) -> list[Future]:
@@ -323,10 +323,10 @@ class AgentLoop:
             self._ended(ev.tid)
 
     def _on_tool(self, ev: ToolDone) -> None:
-        self.tools_out -= 1
+        self.tools_out.discard(ev.future)
         t, now = self.trajs[ev.tid], self.now()
         self.tool_waits.append(now - ev.sent_at)
-        result = ev.future.result()[0]
+        result = ev.future.result()
         if self.cut and self.cut.holds(ev.tid):  # the cut passed it meanwhile: this turn is not kept
             return self.session.cut(ev.tid, now)
         tool_result(ev.pending, result, self.limits)
@@ -344,10 +344,12 @@ class AgentLoop:
             self.on_done(self.finished, len(self.trajs))
 
     def _abort_rest(self) -> None:
-        """The cut is settled: the turns still out are not needed (nor their tool calls)."""
+        """The cut is settled: the turns still out are not needed (nor their tool calls: those the sandbox has not
+        started are dropped, those running finish there unread)."""
         for c in self.clients:
             c.cancel()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        for f in self.tools_out:
+            f.cancel()
 
     # ---- failures -------------------------------------------------------------------------------------------
     def _fail(self, e: int, why: str) -> None:
@@ -382,8 +384,10 @@ class AgentLoop:
                                f"sched_engine{e}_peak_waiting": w.peak_waiting})
         waits = self.tool_waits
         return {"rollout_wall_s": wall, "sched_policy": summ["policy"],
-                "sched_queue_wait_mean_s": summ["queue_wait_mean_s"], "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
+                "sched_queue_wait_mean_s": summ["queue_wait_mean_s"],
+                "sched_queue_wait_p95_s": summ["queue_wait_p95_s"],
                 "sched_requeued": summ["requeued"], "sched_engine_failures": len(self.failures),
-                "sched_tool_wait_s": float(sum(waits)), "sched_tool_wait_mean_s": float(np.mean(waits)) if waits else 0.0,
+                "sched_tool_wait_s": float(sum(waits)),
+                "sched_tool_wait_mean_s": float(np.mean(waits)) if waits else 0.0,
                 "sched_preemptions": sum(v for k, v in per_engine.items() if k.endswith("_preemptions")),
                 "sched_failures": self.failures, **per_engine}

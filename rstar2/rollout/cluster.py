@@ -1,5 +1,5 @@
 """Ray in the driver: joining the cluster, and the engine actors' clients. The actors themselves are started and
-owned by rstar2.run.controller.Controller.
+owned by the run's controller (rstar2.run.engine_actors).
 
 Local by default (`ray.init()` on this machine); set RAY_ADDRESS to join a cluster.
 """

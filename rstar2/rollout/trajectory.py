@@ -19,6 +19,7 @@ engine count, the timing or an engine failure (as far as the engine's arithmetic
 from __future__ import annotations
 
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,7 +29,11 @@ from rstar2.rollout.tool_parser import format_tool_response, parse_tool_calls, t
 
 
 class Sandbox(Protocol):
-    def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]: ...
+    """The tool's sandbox as the agent loop drives it (rstar2.sandbox.backends: every backend)."""
+
+    def submit(self, req: ExecRequest) -> Future:
+        """Queue one call; the future resolves to its ExecResult. The sandbox bounds the calls in flight (its workers
+        and queue); cancelling a future it has not started drops the call."""
 
 
 @dataclass
@@ -75,7 +80,7 @@ class Trajectory:
 
     def turn_requests(self) -> list[tuple[list[int], int, int | None]]:
         """Its model turns as the agent loop sent them, (context, max_tokens, seed) each. For a replay without tools
-        (rstar2.rollout.engine)."""
+        (rstar2.rollout.engine_loop.EngineLoop.submit_chains)."""
         return [(self.prompt_ids + self.response_ids[:i], self.budget - i, self.turn_seed(k))
                 for k, i in enumerate(self.turn_starts)]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +36,10 @@ class ToolDisabled:
     """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on
     its own."""
 
-    def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
-        return [ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0) for _ in reqs]
+    def submit(self, req: ExecRequest) -> Future:
+        refused: Future = Future()
+        refused.set_result(ExecResult("error", "", "the Python tool is disabled in this run", 1, 0.0, 0.0))
+        return refused
 
 
 def select_prompts(problems_uri: str, step: int, n: int, seed: int) -> list[dict]:

@@ -1,5 +1,5 @@
-"""`connect(cfg)`: the sandbox backend the config names, all with the same interface (`run_batch`, `snapshot`,
-`isolation`, `close`), all running calls through the same SandboxService code:
+"""`connect(cfg)`: the sandbox backend the config names, all with the same interface (`submit`, `run_batch`,
+`snapshot`, `isolation`, `close`), all running calls through the same SandboxService code:
 
 - "local": the service in this process (the default; the rollout and the reward checks share it);
 - "http": the batching client against `rstar2 sandbox serve` servers (`cfg.urls`);
@@ -9,12 +9,16 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Protocol
 
 from rstar2.sandbox.api import ExecRequest, ExecResult, SandboxLimits
 
 
 class Backend(Protocol):
+    def submit(self, req: ExecRequest) -> Future:
+        """One call; the future resolves to its ExecResult (the rollout's tool calls)."""
+
     def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]: ...
 
     def snapshot(self) -> dict: ...

@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 
 from rstar2.sandbox.api import ExecRequest, ExecResult, SandboxUnavailable
 from rstar2.sandbox.metrics import merge
@@ -146,9 +147,10 @@ class BatchingClient:
 
 
 class SyncSandbox:
-    """A BatchingClient on a private event loop thread, with the blocking interface the rollout uses
-    (`run_batch`), plus the service's metrics snapshot and isolation report. `on_close` releases what the
-    backend started (a container, actors)."""
+    """A BatchingClient on a private event loop thread, with the interface of the in-process service: `submit` (a
+    future, the rollout's tool calls; cancelling it drops a call not yet sent), `run`, `run_batch` (blocking), plus
+    the service's metrics snapshot and isolation report. `on_close` releases what the backend started (a container,
+    actors)."""
 
     def __init__(self, client: BatchingClient, on_close: Callable[[], None] | None = None):
         self.client, self._on_close = client, on_close
@@ -158,6 +160,10 @@ class SyncSandbox:
 
     def _call(self, coro: Awaitable):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def submit(self, req: ExecRequest) -> Future:
+        """One call; the future resolves to its ExecResult."""
+        return asyncio.run_coroutine_threadsafe(self.client.run(req), self._loop)
 
     def run(self, req: ExecRequest) -> ExecResult:
         return self._call(self.client.run(req))

@@ -156,7 +156,7 @@ class SandboxService:
         return self.submit(req).result()
 
     def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
-        """Results in input order (the rollout's Sandbox protocol)."""
+        """Results in input order."""
         return [f.result() for f in [self.submit(r) for r in reqs]]
 
     @property
@@ -246,6 +246,10 @@ class SandboxService:
                 if not self._queue:
                     break
                 call = self._queue[0]
+                if call.future.cancelled():  # its caller gave it up before it ran (a partial rollout's cut)
+                    self._queue.popleft()
+                    self._cond.notify()
+                    continue
                 if call.profile in self._broken:
                     self._queue.popleft()
                     self._cond.notify()

@@ -13,7 +13,8 @@ from ray.exceptions import RayActorError
 from safetensors.torch import load_file
 
 from rstar2.rollout import cluster
-from rstar2.rollout.engine import EngineActor, EngineSpec
+from rstar2.rollout.engine_actor import EngineActor
+from rstar2.rollout.vllm_backend import EngineSpec
 from rstar2.core import fingerprint, weight_bus
 from rstar2.core.net import free_port
 from tests.engine.test_weight_sync import moved_model
@@ -100,16 +101,16 @@ def test_the_controller_broadcasts_the_trainers_weights(tmp_path):
         ctl.sync_weights(init)
         assert ray.get(ctl.engines[0].generate.remote(prompts, [16] * 8, 0.0)) != on_moved[0]
         ctl.sync_trained(str(moved))  # what the trainer holds: the moved weights, by broadcast (checked inside)
-        assert ctl._bus is not None and ctl.last_sync["sync_buckets"] > 3 and ctl.last_sync["sync_shared"] == 1
+        assert ctl.sync.bus is not None and ctl.last_sync["sync_buckets"] > 3 and ctl.last_sync["sync_shared"] == 1
         assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved
 
         # an engine killed between syncs: started again first (the group would wait for it), then a new group
         ctl.sync_weights(init)
-        first_bus = ctl._bus
+        first_bus = ctl.sync.bus
         ray.kill(ctl.engines[1])
         _await_death(ctl.engines[1])  # killed between syncs: dead by the time of the next one (ray.kill is async)
         ctl.sync_trained(str(moved))
-        assert ctl.respawned_engines == 1 and ctl._bus is not None and ctl._bus.port != first_bus.port
+        assert ctl.respawned_engines == 1 and ctl.sync.bus is not None and ctl.sync.bus.port != first_bus.port
         assert ray.get([e.generate.remote(prompts, [16] * 8, 0.0) for e in ctl.engines]) == on_moved
     finally:
         ctl.stop()

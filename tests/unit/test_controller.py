@@ -8,7 +8,7 @@ import pytest
 from ray.exceptions import RayActorError
 
 from rstar2.core import config
-from rstar2.run import controller
+from rstar2.run import actors, controller, engine_actors, trainer_actor, weight_sync
 from rstar2.run.controller import Controller
 
 
@@ -147,10 +147,11 @@ def fake_ray(monkeypatch):
     LOG.clear()
     ray = FakeRay()
     monkeypatch.setattr(controller.placement, "reserve", FakePlacement)
-    monkeypatch.setattr(controller, "ray", ray)
+    for part in (actors, engine_actors, trainer_actor, weight_sync):  # the controller's parts, each calling Ray
+        monkeypatch.setattr(part, "ray", ray)
     monkeypatch.setattr(controller.cluster, "init", lambda: None)
-    monkeypatch.setattr(controller, "EngineActor", FakeEngine)
-    monkeypatch.setattr(controller, "PolicyTrainer", FakeTrainer)
+    monkeypatch.setattr(engine_actors, "EngineActor", FakeEngine)
+    monkeypatch.setattr(trainer_actor, "PolicyTrainer", FakeTrainer)
     monkeypatch.setattr(controller.ChatFormat, "load", classmethod(lambda cls, d: None))  # no model dir behind "/m/..."
     return ray
 
@@ -202,7 +203,7 @@ def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
     ctl.start(_cfg(**{"trainer.weight_sync": "collective"}), "/m/sft")
     ctl.sync_trained("/c/step-1")
     ctl.sync_trained("/c/step-2")
-    bus = ctl._bus
+    bus = ctl.sync.bus
     assert (bus.host, bus.port, bus.size, bus.backend, bus.dtype, bus.bucket_bytes) == \
         ("10.0.0.7", 29500, 3, "gloo", "float32", 64 * 2**20)  # rank 0 and one worker an engine; the tiny dtype
     assert [h.obj.loads for h in ctl.engines] == [[(Incoming(bus, k, 1 + i), f"/c/step-{k + 1}") for k in (0, 1)]
@@ -212,25 +213,27 @@ def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
     ctl.engines[1].obj.dead = True  # killed during the rollout: started again first, and a new group is opened
     ctl.sync_trained("/c/step-3")
     assert ctl.engines[1].obj.spec.model_dir == "/c/step-3" and ctl.respawned_engines == 1
-    assert ctl._bus.port == 29501 and ctl.engines[0].obj.loads[-1] == (Incoming(ctl._bus, 0, 1), "/c/step-3")
+    assert ctl.sync.bus.port == 29501 and ctl.engines[0].obj.loads[-1] == (Incoming(ctl.sync.bus, 0, 1), "/c/step-3")
 
 
-def test_a_failed_broadcast_falls_back_to_the_object_store_and_a_dead_trainer_goes_up(fake_ray, capsys):
+def test_a_failed_broadcast_falls_back_to_the_object_store_and_a_dead_trainer_goes_up(fake_ray, caplog):
     PORTS.clear()
     ctl = Controller("run")
     ctl.start(_cfg(**{"trainer.weight_sync": "collective"}), "/m/sft")
     ctl.trainer.obj.broadcast_fails = True
-    ctl.sync_trained("/c/step-1")
+    with caplog.at_level("WARNING", logger=weight_sync.__name__):
+        ctl.sync_trained("/c/step-1")
     assert [h.obj.loads[-1] for h in ctl.engines] == [({"w": "/m/sft"}, "/c/step-1")] * 2
-    assert "collective weight sync failed (RuntimeError: Connection closed by peer)" in capsys.readouterr().err
-    assert ctl._bus is None and ctl.loaded == "/c/step-1"
+    assert caplog.messages == ["collective weight sync failed (RuntimeError: Connection closed by peer); sending "
+                               "/c/step-1 through the object store this time"]
+    assert ctl.sync.bus is None and ctl.loaded == "/c/step-1"
     ctl.trainer.obj.broadcast_fails = False
     ctl.sync_trained("/c/step-2")
-    assert ctl._bus.port == 29501  # the next sync opened a new group
+    assert ctl.sync.bus.port == 29501  # the next sync opened a new group
     ctl.trainer.obj.dead = True
     with pytest.raises(RayActorError):
         ctl.sync_trained("/c/step-3")
-    assert ctl._bus is None
+    assert ctl.sync.bus is None
 
 
 def test_the_trainer_calls_go_to_the_trainer(fake_ray):
@@ -255,12 +258,14 @@ def test_an_update_from_engines_off_the_trainers_policy_stops_before_its_checkpo
 
 
 @pytest.mark.parametrize("mode", ["disk", "memory"])
-def test_an_engine_that_died_is_started_again_from_the_weights_being_synced(fake_ray, mode):
+def test_an_engine_that_died_is_started_again_from_the_weights_being_synced(fake_ray, mode, caplog):
     ctl = Controller("run")
     ctl.start(_cfg(**{"trainer.weight_sync": mode}), "/m/sft")
     first = ctl.engines[1]
     first.obj.dead = True  # its process was killed
-    ctl.sync_trained("/c/step-1")
+    with caplog.at_level("WARNING", logger=engine_actors.__name__):
+        ctl.sync_trained("/c/step-1")
+    assert caplog.messages == ["engine 1 died (RayActorError); starting it again from /c/step-1"]
     assert ctl.engines[1] is not first and ctl.engines[1].obj.spec.model_dir == "/c/step-1"
     assert fake_ray.spawned.count("run-engine-1") == 2 and ctl.respawned_engines == 1
     assert ctl.loaded == "/c/step-1" and len(ctl.engine_clients(1.0, 1.0).clients) == 2
@@ -268,11 +273,13 @@ def test_an_engine_that_died_is_started_again_from_the_weights_being_synced(fake
     assert ctl.engines[1].obj.loads[-1] in ("/c/step-2", ({"w": "/m/sft"}, "/c/step-2"))
 
 
-def test_a_trainer_that_died_is_started_again_in_its_state_before_the_update_and_the_update_redone(fake_ray):
+def test_a_trainer_that_died_is_started_again_in_its_state_before_the_update_and_the_update_redone(fake_ray, caplog):
     ctl = Controller("run")
     ctl.start(_cfg(), "/m/sft")
     ctl.trainer.obj.dead = True  # dies before its first update: started fresh from the model, as it was
-    assert ctl.update("kept-1.parquet")["batch"] == "kept-1.parquet"
+    with caplog.at_level("WARNING", logger=trainer_actor.__name__):
+        assert ctl.update("kept-1.parquet")["batch"] == "kept-1.parquet"
+    assert caplog.messages == ["trainer died (RayActorError); starting it again from /m/sft"]
     assert ctl.trainer.obj.model_dir == "/m/sft" and ctl.trainer.obj.states == []
     ctl.save("/c/step-1", {})
     ctl.reset_optimizer()  # a new stage's fresh optimizer, not in the checkpoint

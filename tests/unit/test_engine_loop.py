@@ -1,5 +1,5 @@
-"""The engine actor's continuous-batching loop (rstar2.rollout.engine.EngineLoop) around a toy backend: requests finish
-independently, a reload pauses admission and drains what is in flight, nothing is lost, a broken step fails
+"""The engine's continuous-batching loop (rstar2.rollout.engine_loop.EngineLoop) around a toy backend: requests
+finish independently, a reload pauses admission and drains what is in flight, nothing is lost, a broken step fails
 everything clearly. The same loop around real vLLM runs in tests/engine/test_engine_actor.py."""
 
 import threading
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rstar2.rollout.engine import EngineLoop
+from rstar2.rollout.engine_loop import EngineLoop
 
 
 class Toy:
@@ -220,7 +220,7 @@ def test_priorities_reach_the_backend(loop):
 
 def test_abort_drops_the_requests_and_frees_the_engine(loop):
     """A partial rollout's cut: the aborted turns fail with Aborted, the backend drops them, the others go on."""
-    from rstar2.rollout.engine import Aborted
+    from rstar2.rollout.engine_loop import Aborted
 
     lp, toy = loop
     aborted = []

@@ -1,6 +1,6 @@
 """The weights' content fingerprint (rstar2.core.fingerprint) on hand-made tensors, and the controller's check after a
-sync (rstar2.run.controller `_check_weights`) against engines that hold the checkpoint, an older one, or another dtype's
-rounding of it. Real vLLM engines: tests/engine/test_weight_sync.py."""
+sync (rstar2.run.engine_actors `check_weights`) against engines that hold the checkpoint, an older one, or another
+dtype's rounding of it. Real vLLM engines: tests/engine/test_weight_sync.py."""
 
 import pytest
 import torch
@@ -52,31 +52,34 @@ class _Engine:
 
 
 def test_the_sync_check_names_the_engine_that_kept_other_weights(tmp_path, monkeypatch):
-    from rstar2.run import controller
+    from rstar2.run import engine_actors
 
-    monkeypatch.setattr(controller.ray, "get", lambda refs: refs)  # the engines' answers, as Ray returns them
+    monkeypatch.setattr(engine_actors.ray, "get", lambda refs: refs)  # the engines' answers, as Ray returns them
     save_file(_weights(), str(tmp_path / "model.safetensors"))
     now = fingerprint.of_checkpoint(tmp_path, "float32")
     old = fingerprint.of_tensors(_weights(2.0).items(), torch.float32)
-    ctl = controller.Controller("run")
-    ctl.engines = [_Engine(("float32", now)), _Engine(("bfloat16", fingerprint.of_checkpoint(tmp_path, "bfloat16")))]
-    ctl._calibrate_fingerprint(str(tmp_path))
-    ctl._check_weights(str(tmp_path))  # each engine against the checkpoint in its own dtype
-    ctl.engines.append(_Engine(("float32", old)))
+    engines = engine_actors.EngineActors("run")
+    bf16 = fingerprint.of_checkpoint(tmp_path, "bfloat16")
+    engines.handles = [_Engine(("float32", now)), _Engine(("bfloat16", bf16))]
+    engines.calibrate_fingerprint(str(tmp_path))
+    engines.check_weights(str(tmp_path))  # each engine against the checkpoint in its own dtype
+    engines.handles.append(_Engine(("float32", old)))
     with pytest.raises(WeightSyncError, match=f"engine 2 {old} against the checkpoint's"):
-        ctl._check_weights(str(tmp_path))
-    ctl._check_weights(str(tmp_path / "no-safetensors"))  # nothing to compare against: no verdict
+        engines.check_weights(str(tmp_path))
+    engines.check_weights(str(tmp_path / "no-safetensors"))  # nothing to compare against: no verdict
 
 
-def test_a_model_whose_loader_transforms_the_norms_turns_the_check_off_at_start(tmp_path, monkeypatch, capsys):
+def test_a_model_whose_loader_transforms_the_norms_turns_the_check_off_at_start(tmp_path, monkeypatch, caplog):
     """Engines just started from a directory hold its weights: a mismatch then is the model family's loader (a norm
     stored as 1 + w), not a lost sync, so the run goes on without the check and says so once."""
-    from rstar2.run import controller
+    from rstar2.run import engine_actors
 
-    monkeypatch.setattr(controller.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(engine_actors.ray, "get", lambda refs: refs)
     save_file(_weights(), str(tmp_path / "model.safetensors"))
-    ctl = controller.Controller("run")
-    ctl.engines = [_Engine(("float32", fingerprint.of_tensors(_weights(2.0).items(), torch.float32)))]
-    ctl._calibrate_fingerprint(str(tmp_path))
-    assert not ctl.fingerprints_comparable and "not comparable for this model" in capsys.readouterr().err
-    ctl._check_weights(str(tmp_path))  # off for the run: no verdict
+    engines = engine_actors.EngineActors("run")
+    engines.handles = [_Engine(("float32", fingerprint.of_tensors(_weights(2.0).items(), torch.float32)))]
+    with caplog.at_level("WARNING", logger=engine_actors.__name__):
+        engines.calibrate_fingerprint(str(tmp_path))
+    assert not engines.fingerprints_comparable and len(caplog.messages) == 1
+    assert caplog.messages[0].startswith("weight fingerprints are not comparable for this model, so not checked")
+    engines.check_weights(str(tmp_path))  # off for the run: no verdict

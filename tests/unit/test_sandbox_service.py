@@ -46,6 +46,19 @@ def test_full_queue_pushes_back(fast):
         assert svc.snapshot()["rejected"] == 2
 
 
+def test_a_call_cancelled_while_queued_is_dropped_and_the_rest_run(service):
+    """A caller that gives up a call still queued (the agent loop at a partial rollout's cut) cancels its future: the
+    call never runs, and the calls around it are answered as usual."""
+    calls = lambda: sum(service.snapshot()["calls"].values())  # noqa: E731 - answered calls so far
+    before = calls()
+    busy = [service.submit(ExecRequest(f"import time\ntime.sleep(1.0)\nprint({i})")) for i in range(service.slots)]
+    dropped = service.submit(ExecRequest("print('dropped')"))
+    assert dropped.cancel()  # queued behind the busy slots: not started
+    after = service.submit(ExecRequest("print('after')"))
+    assert [f.result().stdout for f in busy + [after]] == [f"{i}\n" for i in range(service.slots)] + ["after\n"]
+    assert dropped.cancelled() and calls() - before == service.slots + 1
+
+
 def _kill_executor(svc, not_pid: int | None = None, within_s: float = 10.0) -> int:
     """SIGKILL the service's (one) executor from outside, as an OOM kill or an operator would; waits for one that is
     not `not_pid` (the replacement of an earlier kill) to be running the call."""
@@ -142,6 +155,13 @@ def test_http_batch_metrics_and_health(http_url):
     import urllib.request
     text = urllib.request.urlopen(f"{http_url}/metrics").read().decode()
     assert "rstar2_sandbox_latency_seconds_bucket" in text and 'rstar2_sandbox_calls_total{status="ok"}' in text
+
+
+def test_the_client_s_submit_is_a_future_per_call(http_url):
+    """SyncSandbox.submit, as the agent loop calls it: a future per call, resolved to its own result."""
+    with SyncSandbox(BatchingClient(HttpTransport([http_url]), batch_size=4, senders=2)) as sb:
+        futs = [sb.submit(ExecRequest(f"print({i} + 1)")) for i in range(6)]
+        assert [f.result(timeout=60).stdout for f in futs] == [f"{i + 1}\n" for i in range(6)]
 
 
 def test_http_rejects_bad_input_clearly(http_url):
