@@ -36,17 +36,16 @@ import polars as pl
 import psutil
 import ray
 
-from rstar2.rollout import trajectory
-
-from rstar2.run import steps
-from rstar2.rollout.agent_loop import AgentLoop, EngineSet
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core import config
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunLayout
-from rstar2.run.controller import Controller
+from rstar2.rollout import trajectory
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.engine_actor import EngineActor
 from rstar2.rollout.estimator import LengthEstimator
+from rstar2.run import steps
+from rstar2.run.controller import Controller
 from rstar2.sandbox.executor import ZYGOTE
 
 SEED = "bench"  # seeded sampling as in the RL step: every policy run generates the same trajectories
@@ -57,8 +56,8 @@ def real_run(cfg: RunCfg, model_dir: str, problems_uri: str, prompts: int, sampl
     load_at_start = os.getloadavg()  # the machine's load before the engines start (it is shared)
     chat = ChatFormat.load(model_dir)
     problems = steps.select_prompts(problems_uri, 0, prompts, cfg.seed)
-    lim = trajectory.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens, cfg.rollout.tool_response_chars,
-                                cfg.world.max_positions)
+    lim = trajectory.RolloutLimits(cfg.rollout.max_turns, cfg.rollout.max_response_tokens,
+                                   cfg.rollout.tool_response_chars, cfg.world.max_positions)
     configs = []
     for mb in kv_mb or [cfg.engine.kv_cache_mb]:
         c = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kv_cache_mb": mb})})
@@ -171,14 +170,15 @@ def _summarize(runs: list[dict], policies: list[str]) -> list[dict]:
                     "vs_replay_max": round(max(r["vs_replay"] for r in rs), 3),
                     "generated_tokens": int(med("generated_tokens")), "preemptions": med("preemptions"),
                     "kv_usage_max": round(statistics.median(max(r["kv_usage_max"]) for r in rs), 3),
-                    "tool_wait_s": round(med("tool_wait_s"), 2), "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
+                    "tool_wait_s": round(med("tool_wait_s"), 2),
+                    "queue_wait_mean_s": round(med("queue_wait_mean_s"), 3),
                     "mean_turns": round(med("mean_turns"), 2), "tool_calls": int(med("tool_calls")),
                     "peak_inflight": int(statistics.median(max(r["peak_inflight"]) for r in rs)),
                     "peak_waiting_in_vllm": int(statistics.median(max(r["peak_waiting_in_vllm"]) for r in rs)),
                     "cpu_s": {k: round(statistics.median(r["cpu_s"][k] for r in rs), 2) for k in ROLES},
                     "replay_cpu_s": {k: round(statistics.median(r["replay_cpu_s"][k] for r in rs), 2) for k in ROLES},
-                    **({"kv_aware_ratio": round(statistics.median(vs_kv), 3), "kv_aware_ratio_min": round(min(vs_kv), 3),
-                        "kv_aware_ratio_max": round(max(vs_kv), 3),
+                    **({"kv_aware_ratio": round(statistics.median(vs_kv), 3),
+                        "kv_aware_ratio_min": round(min(vs_kv), 3), "kv_aware_ratio_max": round(max(vs_kv), 3),
                         "kv_aware_faster_rounds": sum(x < 1 for x in vs_kv)} if vs_kv else {})})
     return out
 

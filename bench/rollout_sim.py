@@ -34,10 +34,10 @@ import glob
 import heapq
 import json
 import math
-from pathlib import Path
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np

@@ -32,8 +32,18 @@ from typing import Optional
 import numpy as np
 import typer
 
-from rstar2.bench.rollout_sim import (STAGES, TOOLS, Hardware, Quota, Workload, WorkloadSpec, make_workload, simulate,
-                                      simulate_until, warm_estimator)
+from rstar2.bench.rollout_sim import (
+    STAGES,
+    TOOLS,
+    Hardware,
+    Quota,
+    Workload,
+    WorkloadSpec,
+    make_workload,
+    simulate,
+    simulate_until,
+    warm_estimator,
+)
 from rstar2.core.config import SchedulerCfg
 
 MODES = ("synchronous", "overlap", "partial", "both")
@@ -327,8 +337,9 @@ def command(prompts: int = typer.Option(512, help="prompts per step, 32 rollouts
     """The RL step at the qwen3-14b preset's shape, simulated: synchronous (colocated, and on two GPU pools),
     overlap k=1, partial rollouts and both; GPU-seconds per step and each kind of GPU's idle share. With
     --check-run, the simulator against a measured tiny campaign."""
-    from rstar2.core import progress
     from rich.table import Table
+
+    from rstar2.core import progress
 
     console, out = progress.console(), {}
     try:

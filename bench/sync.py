@@ -122,8 +122,8 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
     buckets, through shared memory and by gloo broadcast), three model sizes."""
     from rich.table import Table
 
-    from rstar2.rollout import cluster
     from rstar2.core import progress
+    from rstar2.rollout import cluster
 
     console = progress.console()
     names = [s.strip() for s in sizes.split(",") if s.strip()]

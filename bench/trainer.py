@@ -26,7 +26,8 @@ from typing import Optional
 
 import typer
 
-from rstar2.bench import roofline, trainer_shapes as shapes
+from rstar2.bench import roofline
+from rstar2.bench import trainer_shapes as shapes
 
 COLUMNS = ("problem_id", "reward", "prompt_ids", "response_ids", "loss_mask")
 

@@ -19,12 +19,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field, model_validator
 
-from rstar2.evaluation import report
-
 from rstar2.core import config
-from rstar2.run import ablations, runstate
 from rstar2.core.layout import RunLayout
+from rstar2.evaluation import report
 from rstar2.flows.campaign import CampaignParams, campaign
+from rstar2.run import ablations, runstate
 from rstar2.tasks import track
 from rstar2.tasks.reports import ablation_report
 

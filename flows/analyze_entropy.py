@@ -15,9 +15,9 @@ from prefect import flow
 from pydantic import BaseModel, Field
 
 from rstar2.core import config
-from rstar2.run import runstate
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import SCORED, RunLayout
+from rstar2.run import runstate
 from rstar2.tasks import track
 from rstar2.tasks.analysis import EntropySettings, entropy_report, token_entropy
 

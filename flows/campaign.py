@@ -24,15 +24,14 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from rstar2.evaluation import report
-
 from rstar2.core import config
-from rstar2.run import plan, runstate
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunRef
+from rstar2.evaluation import report
 from rstar2.flows.evaluate import evaluate_checkpoint
 from rstar2.flows.stage_transition import stage_transition
 from rstar2.flows.train_stage import train_stage
+from rstar2.run import plan, runstate
 from rstar2.tasks import rl, track
 from rstar2.tasks.preflight import preflight
 from rstar2.tasks.reports import campaign_report

@@ -17,11 +17,10 @@ import time
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from rstar2.evaluation import report
-
 from rstar2.core import config
-from rstar2.run import runstate
+from rstar2.evaluation import report
 from rstar2.flows.campaign import CampaignParams, campaign
+from rstar2.run import runstate
 from rstar2.tasks import track
 
 
@@ -57,8 +56,10 @@ def campaign_worlds(params: CampaignParams, world_seeds: int) -> dict:
 
 def _markdown(summary: dict) -> str:
     """One row per run (world seed, RL seed), then the gains' mean with min, max and both intervals."""
-    lines = [f"| world seed | rl seed | SFT pass@1 ({summary['eval_split']}) | after RL | gain |", "|---|---|---|---|---|"]
-    lines += [f"| {r['world_seed']} | {r['rl_seed']} | {r['pass1_sft']:.3f} | {r['pass1']:.3f} | {r['pass1_gain']:+.3f} |"
+    lines = [f"| world seed | rl seed | SFT pass@1 ({summary['eval_split']}) | after RL | gain |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['world_seed']} | {r['rl_seed']} | {r['pass1_sft']:.3f} | {r['pass1']:.3f} "
+              f"| {r['pass1_gain']:+.3f} |"
               for r in summary["runs"]]
     (lo, hi), (wlo, whi) = summary["pass1_gain_ci95"], summary["pass1_gain_worlds_ci95"]
     lines.append(f"| all {len(summary['runs'])} runs | | | | {summary['pass1_gain_mean']:+.3f} (min "

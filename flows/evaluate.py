@@ -18,15 +18,20 @@ from typing import Literal
 
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState, \
-    FlowRunFilterStateType
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
 from prefect.client.schemas.objects import StateType
 from pydantic import BaseModel
 
 from rstar2.core import checkpoint, config
-from rstar2.run import runstate
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunLayout, RunRef
+from rstar2.run import runstate
 from rstar2.tasks import rl
 from rstar2.tasks.run import run_context
 from rstar2.tasks.world import prepare_suites

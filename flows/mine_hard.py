@@ -9,9 +9,9 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
 from rstar2.core import config
-from rstar2.run import runstate
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunRef
+from rstar2.run import runstate
 from rstar2.tasks import rl, track
 from rstar2.tasks.run import run_context
 

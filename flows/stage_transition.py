@@ -6,10 +6,10 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel
 
-from rstar2.run import runstate
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunRef
 from rstar2.flows.mine_hard import mine_hard_set
+from rstar2.run import runstate
 from rstar2.tasks import rl, track
 
 

@@ -10,9 +10,9 @@ from prefect import flow
 from pydantic import BaseModel
 
 from rstar2.core import checkpoint, config
-from rstar2.run import runstate
 from rstar2.flows.stage_transition import stage_transition
 from rstar2.flows.train_stage import train_stage
+from rstar2.run import runstate
 from rstar2.tasks import rl
 from rstar2.tasks.run import run_context
 from rstar2.tasks.world import build_world, run_sft

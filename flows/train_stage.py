@@ -10,15 +10,14 @@ from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
 from rstar2.core import checkpoint
-from rstar2.run import runstate
-
-from rstar2.training import transition
 from rstar2.core.config import RunCfg, StageCfg
 from rstar2.core.layout import RunRef
 from rstar2.flows.rl_step import MODEL_META, eval_due, rl_step, step_eval
 from rstar2.flows.stage_transition import StageStart
+from rstar2.run import runstate
 from rstar2.tasks import costs, publish, rl, track
 from rstar2.tasks.rl import StepAt
+from rstar2.training import transition
 
 TABLE = ("reward_mean", "pass1_train", "tool_error_rate_pos", "format_violation_rate", "response_len_mean", "entropy",
          "roc_kept", "step_s")

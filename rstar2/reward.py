@@ -17,9 +17,9 @@ import math
 import threading
 from collections import Counter
 
-from rstar2.sandbox import OK, ExecRequest
 from rstar2.data.answers import last_boxed
 from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN
+from rstar2.sandbox import OK, ExecRequest
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,12 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel
 
-from rstar2.evaluation import entropy
-
 from rstar2.core import tracking
-
-from rstar2.training import device as dev
+from rstar2.evaluation import entropy
 from rstar2.rollout.chat import load_tokenizer
-from rstar2.training.trainer import load_model
 from rstar2.tasks import costs
+from rstar2.training import device as dev
+from rstar2.training.trainer import load_model
 
 
 class EntropySettings(BaseModel):
@@ -32,8 +30,8 @@ class EntropySettings(BaseModel):
 @task(name="token-entropy", cache_policy=None)
 @costs.work
 def token_entropy(model_dir: str, trajectories_uri: str, how: EntropySettings, device: str = "auto") -> dict:
-    """rstar2.evaluation.entropy.analyze of `model_dir` on `how.samples` trajectories of the table (drawn with `how.seed`, so
-    every checkpoint sees the same ones)."""
+    """rstar2.evaluation.entropy.analyze of `model_dir` on `how.samples` trajectories of the table (drawn with
+    `how.seed`, so every checkpoint sees the same ones)."""
     df = pl.read_parquet(trajectories_uri)
     rows = df.sample(n=min(how.samples, df.height), seed=how.seed).to_dicts()
     model = load_model(model_dir, dev.pick(device))

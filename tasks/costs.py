@@ -1,9 +1,9 @@
 """What orchestration costs an RL step. Every task body's wall time adds to a running total of work (`work`); the
 MLflow writes (`mlflow`) and the Prefect API calls our code makes (`prefect`: artifacts) add to totals of their own
-and, made inside a task body, are taken out of its work. The step's artifacts are made off its path (rstar2.tasks.publish):
-they add to the `prefect` total, not to the step's wall time. A step's wall time less its work is what orchestration cost
-it: the MLflow writes, and the rest is Prefect's (task and flow runs: API calls, state changes, parameter handling;
-our artifact calls).
+and, made inside a task body, are taken out of its work. The step's artifacts are made off its path
+(rstar2.tasks.publish): they add to the `prefect` total, not to the step's wall time. A step's wall time less its work
+is what orchestration cost it: the MLflow writes, and the rest is Prefect's (task and flow runs: API calls, state
+changes, parameter handling; our artifact calls).
 
 Tasks run in the flow's process and thread (Prefect 3 runs a sync task where it is called), so one process-wide
 total per kind serves every flow of the process; a step reads the totals at its start and its end (`mark`)."""

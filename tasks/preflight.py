@@ -8,9 +8,9 @@ import logging
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from rstar2.run import preflight as checks
 from rstar2.core.config import RunCfg
 from rstar2.core.layout import RunLayout
+from rstar2.run import preflight as checks
 from rstar2.tasks import costs
 
 log = logging.getLogger(__name__)

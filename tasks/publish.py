@@ -1,8 +1,9 @@
 """Prefect artifacts off the step's path. An artifact (a step's progress, its sampled trajectories) is for people
 watching the UI, and nothing in the run reads it back, so the step need not wait for the API call: `later` hands the
 call to one thread, which makes the calls in the order they were handed over while the step goes on, and `drain`
-waits for them (a stage's end; the interpreter waits for the thread at exit as well). Each call runs in a copy of the caller's context, so Prefect files the artifact under
-the task or flow run that made it. A call that fails is logged and lost: it never fails the run."""
+waits for them (a stage's end; the interpreter waits for the thread at exit as well). Each call runs in a copy of
+the caller's context, so Prefect files the artifact under the task or flow run that made it. A call that fails is
+logged and lost: it never fails the run."""
 
 from __future__ import annotations
 

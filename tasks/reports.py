@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from prefect import task
 
-from rstar2.evaluation import report
-
 from rstar2.core import tracking
 from rstar2.core.layout import RunRef
+from rstar2.evaluation import report
 from rstar2.tasks import costs
 
 

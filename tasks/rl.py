@@ -1,7 +1,7 @@
 """The RL step's tasks: rollout -> score -> sandbox stats -> RoC -> update -> checkpoint -> evaluate. Each takes the
-run's reference (rstar2.core.layout.RunRef) and the config sections it uses; one that drives engines or the trainer finds
-the run's Controller from the reference (rstar2.tasks.run.controller). Evaluation tables go to the `rstar2.tasks.rl`
-logger (INFO): the terminal and the flow run's Prefect logs."""
+run's reference (rstar2.core.layout.RunRef) and the config sections it uses; one that drives engines or the trainer
+finds the run's Controller from the reference (rstar2.tasks.run.controller). Evaluation tables go to the
+`rstar2.tasks.rl` logger (INFO): the terminal and the flow run's Prefect logs."""
 
 import logging
 import time
@@ -13,17 +13,15 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from pydantic import BaseModel
 
-from rstar2.rollout import partial
-from rstar2.rollout.partial import PartialRun
 from rstar2.core import checkpoint as ckpt
-from rstar2.evaluation import report
-from rstar2.core import layout, tracking
-from rstar2.run import runstate, steps
-from rstar2.run import mining
+from rstar2.core import layout, progress, tracking
 from rstar2.core.config import RoCCfg, RunCfg, SandboxCfg, StageCfg
 from rstar2.core.layout import RunLayout, RunRef
-from rstar2.core import progress
 from rstar2.core.progress import bar
+from rstar2.evaluation import report
+from rstar2.rollout import partial
+from rstar2.rollout.partial import PartialRun
+from rstar2.run import mining, runstate, steps
 from rstar2.tasks import costs, publish
 from rstar2.tasks.run import controller
 

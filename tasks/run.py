@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rstar2.core.config import RunCfg
-from rstar2.run.controller import Controller
 from rstar2.core.layout import RunLayout, RunRef, WorldPaths
+from rstar2.run.controller import Controller
 from rstar2.tasks import track
 from rstar2.tasks.world import build_world
 

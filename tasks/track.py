@@ -13,9 +13,8 @@ from prefect import task
 from prefect.artifacts import create_link_artifact
 from pydantic import BaseModel
 
-from rstar2.evaluation import health
-
 from rstar2.core import tracking
+from rstar2.evaluation import health
 from rstar2.tasks import costs
 
 log = logging.getLogger(__name__)

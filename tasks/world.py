@@ -3,10 +3,10 @@ from pathlib import Path
 
 from prefect import task
 
-from rstar2.training import sft
 from rstar2.core.config import RunCfg
-from rstar2.world import build
 from rstar2.tasks import costs
+from rstar2.training import sft
+from rstar2.world import build
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def prepare_suites(cfg: RunCfg, out_dir: str, fit: str | None = None) -> dict[st
     """Each of eval.suites read from its file (rstar2/data/suites.py) and written in the problem schema as
     `<out_dir>/<name>.parquet`, again each time (an edited suite file is picked up), less the problems the
     preflight's record `fit` dropped (the world's "fit"); suite name -> that table."""
-    from rstar2.run import preflight
     from rstar2.data import suites
+    from rstar2.run import preflight
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,8 @@ from pathlib import Path
 import polars as pl
 
 from rstar2.data import FORMATS, instructions, schema
-from rstar2.data.clean import normalise_answer, normalise_text
 from rstar2.data.answers import last_boxed
+from rstar2.data.clean import normalise_answer, normalise_text
 
 CHAT_FORMATS = ("verl", "dapo")  # one reader: dapo is a verl file with DAPO's instructions
 PROBLEM_COLS = ("problem", "Problem", "question", "Question", "prompt", "_text")  # _text, _answer: CHAMP's

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rstar2.training.batching import collate, loss_token_logprobs, token_budget_batches
 from rstar2.evaluation.report import save_figure
+from rstar2.training.batching import collate, loss_token_logprobs, token_budget_batches
 
 REFLECTION, REASONING = "reflection", "reasoning"  # the classes of model tokens (tool and prompt tokens have none)
 

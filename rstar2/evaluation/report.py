@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from rstar2.evaluation import stats
+
 CURVES = {"reward_mean": "reward (mean)", "pass1_train": "pass@1 (train batch)",
           "tool_error_rate_pos": "tool-error rate among positive trajectories",
           "response_len_mean": "response length (tokens)", "entropy": "entropy at sampled tokens (nats)"}

@@ -8,9 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rstar2.core.checkpoint import write_dir_atomic
 from rstar2.data import files
 from rstar2.models import gguf, tools
-from rstar2.core.checkpoint import write_dir_atomic
 
 
 def is_gguf(source: str) -> bool:

@@ -20,9 +20,9 @@ import json
 import shutil
 from pathlib import Path
 
+from rstar2.core.checkpoint import require_new, write_dir_atomic
 from rstar2.models.gguf import RECORD
 from rstar2.rollout.chat import ChatFormat, ChatTemplateError, load_tokenizer
-from rstar2.core.checkpoint import require_new, write_dir_atomic
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

@@ -31,8 +31,16 @@ from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.partial import Cut
 from rstar2.rollout.scheduler import CUT, END, TOOL, TURN, Scheduler, SchedulerSession
-from rstar2.rollout.trajectory import (Pending, RolloutLimits, Sandbox, Trajectory, make_trajs, model_turn, tool_result,
-                                       tool_turn)
+from rstar2.rollout.trajectory import (
+    Pending,
+    RolloutLimits,
+    Sandbox,
+    Trajectory,
+    make_trajs,
+    model_turn,
+    tool_result,
+    tool_turn,
+)
 
 
 class EngineClient(Protocol):

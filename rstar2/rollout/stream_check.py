@@ -1,4 +1,5 @@
-"""The token stream against the model's own chat template: what the agent loop appended must be what the template writes.
+"""The token stream against the model's own chat template: what the agent loop appended must be what the template
+writes.
 
 The loop is token-in/token-out: a trajectory is the prompt ids, then the model's turns as sampled (loss mask 1) and the
 tool turns the loop appends between them (loss mask 0: the tool's reply and the next generation prompt, from
@@ -97,7 +98,10 @@ def sample(trajs: list[Trajectory], n: int) -> list[Trajectory]:
 
 def _diff(what: str, got: list[int], want: list[int], chat: ChatFormat) -> str:
     i = next((j for j, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
-    show = (lambda ids: repr(chat.tokenizer.decode(ids[max(0, i - 3):i + 4], skip_special_tokens=False)))
+
+    def show(ids: list[int]) -> str:
+        return repr(chat.tokenizer.decode(ids[max(0, i - 3):i + 4], skip_special_tokens=False))
+
     return (f"{what} differs from the chat template's at token {i} ({len(got)} tokens in the stream, {len(want)} in "
             f"the template's): stream {show(got)}, template {show(want)}")
 

@@ -33,7 +33,8 @@ TOOL_SCHEMA = {
         "parameters": {
             "type": "object",
             "properties": {
-                "code": {"type": "string", "description": "Python code to execute; it may read standard input with input()."},
+                "code": {"type": "string",
+                         "description": "Python code to execute; it may read standard input with input()."},
                 "input": {"type": "string", "description": "Text given to the code as standard input."},
             },
             "required": ["code", "input"],

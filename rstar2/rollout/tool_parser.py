@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from rstar2.sandbox import OK, ExecRequest, ExecResult
 from rstar2.rollout.template import TOOL_NAME
+from rstar2.sandbox import OK, ExecRequest, ExecResult
 
 TRUNCATED = "...(truncated)..."
 # an object's address in CPython's default repr (`<function f at 0x7f3a...>`): where the sandbox's allocator put it,

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rstar2.rollout.chat import ChatFormat
-from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.rollout.tool_parser import format_tool_response, parse_tool_calls, tool_call_to_request
+from rstar2.sandbox import ExecRequest, ExecResult
 
 
 class Sandbox(Protocol):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.run import steps
-from rstar2.rollout.agent_loop import EngineSet
 from rstar2.core.config import MiningCfg, RolloutCfg, SchedulerCfg
 from rstar2.data.schema import validate
 from rstar2.reward import Verifier
+from rstar2.rollout.agent_loop import EngineSet
+from rstar2.run import steps
 from rstar2.sandbox.backends import Backend
 
 

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import polars as pl
 
-from rstar2.rollout import trajectory
-
 from rstar2.core import checkpoint
 from rstar2.core.config import RunCfg, model_positions
 from rstar2.core.layout import RunLayout, WorldLayout
+from rstar2.rollout import trajectory
 from rstar2.world import build
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -58,7 +57,8 @@ class Fit:
 
 
 def fit(df: pl.DataFrame, chat, limits: trajectory.RolloutLimits) -> Fit:
-    """Render and tokenise every prompt of `df` as the rollout does; keep those that fit (rstar2.rollout.trajectory.fits)."""
+    """Render and tokenise every prompt of `df` as the rollout does; keep those that fit
+    (rstar2.rollout.trajectory.fits)."""
     lengths = [len(ids) for ids in trajectory.prompt_ids(chat, df["prompt"].to_list())]
     keep = [trajectory.fits(n, limits) for n in lengths]
     dropped = df.filter(~pl.Series(keep, dtype=pl.Boolean))["problem_id"].to_list()
@@ -242,8 +242,8 @@ def _record(world_dir: Path, uris: dict[str, str], tables: dict[str, Fit], out: 
 
 
 def _sft(cfg: RunCfg, chat, data: str, sft_dir: Path) -> Row:
-    """The SFT transcripts rendered as SFT renders them (rstar2.training.sft.tokenize). SFT does not truncate: a transcript
-    longer than the context trains positions the engine never reaches (a warning, not a failure)."""
+    """The SFT transcripts rendered as SFT renders them (rstar2.training.sft.tokenize). SFT does not truncate: a
+    transcript longer than the context trains positions the engine never reaches (a warning, not a failure)."""
     if not cfg.sft.enabled or checkpoint.is_committed(sft_dir):
         return Row("SFT transcripts", OK, "not needed: " + ("sft.enabled is off" if not cfg.sft.enabled else
                                                             f"{sft_dir} is already trained"))

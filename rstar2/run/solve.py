@@ -5,17 +5,17 @@ status and output, and at the end the final answer and, given the gold answer, t
 
 from __future__ import annotations
 
-from rstar2.run import steps
-from rstar2.rollout.agent_loop import AgentLoop, EngineSet
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import RunCfg
-from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.evaluation.export import model_dir as check_model_dir
 from rstar2.reward import Verifier, extract_answer
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.rollout.engine import EngineSpec, VLLMEngine
+from rstar2.rollout.tool_parser import parse_tool_calls, tool_call_to_request
 from rstar2.rollout.trajectory import RolloutLimits, Trajectory
+from rstar2.run import steps
 from rstar2.sandbox import ExecRequest
 from rstar2.sandbox.backends import connect
-from rstar2.rollout.tool_parser import parse_tool_calls, tool_call_to_request
 
 
 def solve(model: str, problem: str, cfg: RunCfg, answer: str | None = None, temperature: float | None = None,

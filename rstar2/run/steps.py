@@ -15,22 +15,21 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rstar2.evaluation import stats
-
-from rstar2.rollout import partial, stream_check, trajectory
 from rstar2.core import checkpoint as ckpt
-
-from rstar2.training import roc
-from rstar2.rollout.agent_loop import AgentLoop, EngineSet
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import EvalCfg, RoCCfg, RolloutCfg, SchedulerCfg
 from rstar2.data import clean
 from rstar2.data.schema import validate
-from rstar2.rollout.estimator import LengthEstimator
+from rstar2.evaluation import stats
 from rstar2.reward import Verifier, extract_answer
+from rstar2.rollout import partial, stream_check, trajectory
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.rollout.estimator import LengthEstimator
 from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.sandbox.backends import Backend
 from rstar2.sandbox.metrics import summarize
+from rstar2.training import roc
+
 
 class ToolDisabled:
     """The no-tool ablation's environment: every tool call is refused (nothing runs), so the policy must answer on

@@ -7,8 +7,21 @@ summaries), `server` (HTTP), `client` (batching async client over HTTP or Ray), 
 `backends` (`connect(cfg)`: one backend object for whichever way the config says).
 """
 
-from rstar2.sandbox.api import (ERROR, KILLED, MEMORY, OK, OUTPUT_TRUNCATED, STATUSES, TIMEOUT, TRUNCATION_MARKER,
-                                ExecRequest, ExecResult, QueueFull, SandboxLimits, SandboxUnavailable)
+from rstar2.sandbox.api import (
+                                ERROR,
+                                KILLED,
+                                MEMORY,
+                                OK,
+                                OUTPUT_TRUNCATED,
+                                STATUSES,
+                                TIMEOUT,
+                                TRUNCATION_MARKER,
+                                ExecRequest,
+                                ExecResult,
+                                QueueFull,
+                                SandboxLimits,
+                                SandboxUnavailable,
+)
 
 __all__ = ["ERROR", "KILLED", "MEMORY", "OK", "OUTPUT_TRUNCATED", "STATUSES", "TIMEOUT", "TRUNCATION_MARKER",
            "ExecRequest", "ExecResult", "QueueFull", "SandboxLimits", "SandboxUnavailable"]

@@ -17,8 +17,8 @@ import time
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2.sandbox.api import ExecRequest, QueueFull
 from rstar2.sandbox.service import SandboxService

@@ -25,11 +25,33 @@ from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from rstar2.sandbox.api import (KILLED, MAX_REQUEST_BYTES, ERROR, ExecRequest, ExecResult, QueueFull,
-                                SandboxLimits, SandboxUnavailable)
-from rstar2.sandbox.executor import (HIDE, MAX_SLOTS, PROFILES, PROJECT_ROOT, STDLIB_PRELOAD, WARMUPS, Cgroups,
-                                     ExecutorDied, Runtime, SlotCgroups, ZygoteProc, allocate_uids, pick_runtime,
-                                     release_uids, route)
+from rstar2.sandbox.api import (
+    ERROR,
+    KILLED,
+    MAX_REQUEST_BYTES,
+    ExecRequest,
+    ExecResult,
+    QueueFull,
+    SandboxLimits,
+    SandboxUnavailable,
+)
+from rstar2.sandbox.executor import (
+    HIDE,
+    MAX_SLOTS,
+    PROFILES,
+    PROJECT_ROOT,
+    STDLIB_PRELOAD,
+    WARMUPS,
+    Cgroups,
+    ExecutorDied,
+    Runtime,
+    SlotCgroups,
+    ZygoteProc,
+    allocate_uids,
+    pick_runtime,
+    release_uids,
+    route,
+)
 from rstar2.sandbox.metrics import SandboxMetrics
 
 log = logging.getLogger(__name__)

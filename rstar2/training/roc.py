@@ -28,8 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from rstar2.sandbox.api import OK, OUTPUT_TRUNCATED
 from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN
+from rstar2.sandbox.api import OK, OUTPUT_TRUNCATED
 
 # "output_truncated" is a run that succeeded but printed too much: the model did nothing wrong, so it is not
 # an error. Every other status ("error", "timeout", "parse_error", "memory", "killed", or anything unknown)

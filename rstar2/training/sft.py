@@ -22,13 +22,14 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
-from rstar2.models import tools
-from rstar2.training import device as dev, numerics, transcripts
-from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core import checkpoint
 from rstar2.core.config import RunCfg
 from rstar2.core.progress import bar
+from rstar2.models import tools
+from rstar2.rollout.chat import ChatFormat
+from rstar2.training import device as dev
+from rstar2.training import numerics, transcripts
+from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 
 
 @dataclass

@@ -43,15 +43,21 @@ import polars as pl
 import torch
 
 from rstar2.core import checkpoint, weight_bus
-from rstar2.core.net import free_port
-
-from rstar2.training import device as dev, grpo, numerics
-from rstar2.training.batching import (collate, loss_token_logprobs, pack_rows, shard, token_budget_batches,
-                                      use_varlen_attention)
 from rstar2.core.config import TrainerCfg
-from rstar2.training.optim import adamw, lr_lambda
-from rstar2.rollout.chat import load_tokenizer
+from rstar2.core.net import free_port
 from rstar2.models import tools
+from rstar2.rollout.chat import load_tokenizer
+from rstar2.training import device as dev
+from rstar2.training import grpo, numerics
+from rstar2.training.batching import (
+    collate,
+    loss_token_logprobs,
+    pack_rows,
+    shard,
+    token_budget_batches,
+    use_varlen_attention,
+)
+from rstar2.training.optim import adamw, lr_lambda
 
 STATE_FILE = "trainer_state.pt"
 

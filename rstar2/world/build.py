@@ -10,13 +10,13 @@ from pathlib import Path
 import polars as pl
 
 from rstar2.core.checkpoint import commit, is_committed, sha256, write_atomic
-from rstar2.core.layout import WorldLayout
-from rstar2.training import transcripts
-from rstar2.rollout.chat import ChatFormat
 from rstar2.core.config import RunCfg
+from rstar2.core.layout import WorldLayout
 from rstar2.data import clean, formats, schema
 from rstar2.models import importer
+from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.template import REASON_OPEN
+from rstar2.training import transcripts
 from rstar2.world import gsm, model, problems, sft_data, tokenizer
 
 SPLITS = ("train", "val", "test")

@@ -21,10 +21,10 @@ import traceback
 import polars as pl
 
 from rstar2.rollout.chat import prompt_messages, tool_call
-from rstar2.sandbox import ExecResult
-from rstar2.sandbox.zygote import CODE_NAME
 from rstar2.rollout.template import ANSWER_CLOSE, ANSWER_OPEN, REASON_CLOSE, REASON_OPEN
 from rstar2.rollout.tool_parser import format_tool_response
+from rstar2.sandbox import ExecResult
+from rstar2.sandbox.zygote import CODE_NAME
 
 MODES = ("clean", "buggy_fix", "recover", "no_tool", "format_slip")
 TYPO = "prnt"  # the recover mode's mistake: a typo'd print, which the NameError's last line names

@@ -12,11 +12,11 @@ import ray
 from ray.exceptions import RayActorError
 from safetensors.torch import load_file
 
+from rstar2.core import fingerprint, weight_bus
+from rstar2.core.net import free_port
 from rstar2.rollout import cluster
 from rstar2.rollout.engine_actor import EngineActor
 from rstar2.rollout.vllm_backend import EngineSpec
-from rstar2.core import fingerprint, weight_bus
-from rstar2.core.net import free_port
 from tests.engine.test_weight_sync import moved_model
 
 pytestmark = pytest.mark.e2e

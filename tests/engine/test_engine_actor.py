@@ -10,9 +10,8 @@ import pytest
 import ray
 from safetensors.torch import load_file, save_file
 
-from rstar2.rollout import cluster
-
 from rstar2.core import config
+from rstar2.rollout import cluster
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.rollout.engine_actor import EngineActor
 from rstar2.rollout.vllm_backend import EngineSpec
@@ -135,12 +134,11 @@ def test_a_frozen_engine_is_declared_dead_and_the_batch_completes(tmp_path):
     import os
     import signal
 
+    from rstar2.core.config import SchedulerCfg
     from rstar2.rollout import trajectory
-
-    from rstar2.run import steps
     from rstar2.rollout.agent_loop import AgentLoop, EngineSet
     from rstar2.rollout.chat import ChatFormat
-    from rstar2.core.config import SchedulerCfg
+    from rstar2.run import steps
     from rstar2.sandbox.backends import connect
 
     cfg = config.load("tiny", ["world.n_sft=80", "world.n_train=16", "world.n_test=8", "world.max_positions=512"])

@@ -14,14 +14,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rstar2.core import config
-from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.core.config import SchedulerCfg, TrainerCfg
+from rstar2.rollout.agent_loop import AgentLoop, EngineSet
+from rstar2.rollout.chat import ChatFormat
+from rstar2.rollout.chat import load_tokenizer as load
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.rollout.trajectory import RolloutLimits, to_rows
 from rstar2.run.steps import ToolDisabled
 from rstar2.training.trainer import LogprobGapError, PolicyTrainer, _Batch, check_logprob_gap
 from rstar2.world import build
-from rstar2.rollout.chat import ChatFormat, load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rstar2.evaluation import export
-
 from rstar2.core import config
 from rstar2.core.config import TrainerCfg
+from rstar2.evaluation import export
+from rstar2.rollout.chat import load_tokenizer as load
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
 from rstar2.training.trainer import PolicyTrainer
 from rstar2.world import build
-from rstar2.rollout.chat import load_tokenizer as load
 
 pytestmark = pytest.mark.e2e
 

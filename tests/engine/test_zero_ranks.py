@@ -11,9 +11,8 @@ import pytest
 import ray
 import torch
 
-from rstar2.rollout import cluster
-
 from rstar2.core import config
+from rstar2.rollout import cluster
 from rstar2.training.trainer import PolicyTrainer
 from rstar2.training.trainer_group import RankDied, TrainerGroup
 from rstar2.world import build

@@ -8,9 +8,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from rstar2.core import config, tracking
 from rstar2.evaluation import report
 
-from rstar2.core import config, tracking
 SFT = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
 RECORDED = {"roc": [0.50, 0.55, 0.45], "plain-grpo": [0.30, 0.31, 0.29]}  # pass@1 after RL, rl_seed 0, 1, 2
 
@@ -80,7 +80,8 @@ def test_with_sft_off_no_variant_is_handed_a_sft_model_that_does_not_exist(tmp_p
     assert [p.sft_checkpoint for p in calls] == [None, None]
 
 
-def test_over_two_worlds_each_world_shares_its_own_sft_model_and_the_runs_are_pooled_pair_by_pair(tmp_path, monkeypatch):
+def test_over_two_worlds_each_world_shares_its_own_sft_model_and_the_runs_are_pooled_pair_by_pair(tmp_path,
+                                                                                                   monkeypatch):
     """The default ablation: 2 worlds (seed 0, 1), each variant's 3 seeds per world, 6 runs a variant; run i of
     every variant comes from one world's SFT model and one rl_seed, so the paired tool-error ratio has 6 pairs."""
     from rstar2.flows import ablation as flow

@@ -14,6 +14,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rstar2.core import checkpoint, config
+
+
 def _model_dir(path: Path, seed: int) -> str:
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -68,8 +70,8 @@ def test_analyze_entropy_compares_the_start_of_rl_with_its_end(tmp_path, monkeyp
 
 
 def test_a_run_without_rollouts_or_config_is_refused_with_one_clear_error(tmp_path, monkeypatch):
-    from rstar2.flows.analyze_entropy import EntropyParams, last_rollouts, run_paths
     from rstar2.core.layout import RunLayout
+    from rstar2.flows.analyze_entropy import EntropyParams, last_rollouts, run_paths
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="no config.json"):

@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from rstar2.core import checkpoint
+
 pytestmark = pytest.mark.e2e
 
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.5", "eval.samples=2",
@@ -29,7 +30,8 @@ SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=6", "sft.epochs=0.
          # the overlapping step: each step's next rollout runs beside its update, on weights one version behind;
          # partial rollouts: 3 groups taken of 4 in flight, the fourth carried to the next step
          "rollout.max_staleness=1", "rollout.partial=true", "trainer.tis_cap=2.0",
-         "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         "engine.num_engines=1"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,8 @@ def test_campaign_runs_every_stage_and_reports_consistently(campaign_run):
     assert json.loads((run_dir / "config.json").read_text())["trainer"]["dtype"] in ("float32", "bfloat16")
     final = pl.read_parquet(run_dir / "eval" / "final-test.parquet")
     assert final.height == 6 * 2  # problems x samples
-    assert final.group_by("problem_id").agg(pl.col("reward").mean())["reward"].mean() == pytest.approx(summary["pass1_rl"])
+    assert (final.group_by("problem_id").agg(pl.col("reward").mean())["reward"].mean()
+            == pytest.approx(summary["pass1_rl"]))
 
 
 def test_the_transition_decision_and_its_evidence_are_recorded(campaign_run):
@@ -70,11 +73,13 @@ def test_the_transition_decision_and_its_evidence_are_recorded(campaign_run):
                                   f"tags.`rstar2.key` = '{run_dir}'")[0]
     assert campaign.data.tags["transition.stage2-long"].startswith("from stage1-short (plateau)")
     assert "reset optimizer" in campaign.data.tags["transition.stage3-hard"]
-    stage2 = json.loads(Path(client.download_artifacts(campaign.info.run_id, "transitions/stage2-long.json")).read_text())
+    stage2 = json.loads(Path(client.download_artifacts(campaign.info.run_id,
+                                                       "transitions/stage2-long.json")).read_text())
     assert stage2["previous_end"]["reason"] == "plateau" and stage2["global_step"] == 2
     # the campaign's comparison report: one line per stage
     assert {a.path for a in client.list_artifacts(campaign.info.run_id, "plots")} >= {
-        "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png", "plots/response_len_mean.png"}
+        "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png",
+        "plots/response_len_mean.png"}
 
 
 def test_mining_wrote_the_hard_set_with_its_lineage_and_stage3_trained_on_it(campaign_run):
@@ -99,9 +104,11 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     parent = client.get_run(summary["mlflow_run_id"])
     assert parent.data.metrics["pass1_rl"] == pytest.approx(summary["pass1_rl"])
     exp = parent.info.experiment_id
-    children = {c.info.run_name: c for c in client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    children = {c.info.run_name: c
+                for c in client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     assert set(children) == {"stage-stage1-short", "stage-stage2-long", "stage-stage3-hard"}
-    assert [m.step for m in client.get_metric_history(children["stage-stage1-short"].info.run_id, "reward_mean")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(children["stage-stage1-short"].info.run_id,
+                                                      "reward_mean")] == [1, 2]
     assert [m.step for m in client.get_metric_history(children["stage-stage3-hard"].info.run_id, "reward_mean")] == [4]
     for key in ("tool_error_rate_pos", "format_violation_rate", "response_len_mean", "truncation_rate",
                 "roc_kept", "roc_dropped", "step_s", "update_s", "update_tokens",
@@ -112,8 +119,8 @@ def test_mlflow_has_nested_stage_runs_step_metrics_and_a_model_per_checkpoint(ca
     stale = {n: [m.value for m in client.get_metric_history(children[f"stage-{n}"].info.run_id, "staleness")]
              for n in ("stage1-short", "stage3-hard")}
     assert stale == {"stage1-short": [0.0, 1.0], "stage3-hard": [0.0]}
-    versions = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / "rollouts.parquet")["policy_version"].unique()
-                .to_list() for i in (0, 1)]
+    versions = [pl.read_parquet(run_dir / "stage1-short" / f"step-000{i}" / "rollouts.parquet")["policy_version"]
+                .unique().to_list() for i in (0, 1)]
     assert versions == [[0], [0]]  # both from the SFT model: step 1's rollout ran during step 0's update
     stage1 = children["stage-stage1-short"].info.run_id
     partial = {k: [m.value for m in client.get_metric_history(stage1, k)]
@@ -141,7 +148,8 @@ def test_the_evaluate_deployment_flow_scores_a_checkpoint_on_its_own(campaign_ru
     scored = pl.read_parquet(run_dir / "eval" / "stage1-short-step-0001-test.parquet")
     assert scored.height == 12
     model = _mlflow(run_dir).search_logged_models(
-        [_mlflow(run_dir).get_run(summary["mlflow_run_id"]).info.experiment_id], f"tags.`rstar2.core.checkpoint` = '{ckpt}'")
+        [_mlflow(run_dir).get_run(summary["mlflow_run_id"]).info.experiment_id],
+        f"tags.`rstar2.core.checkpoint` = '{ckpt}'")
     assert {m.key: m.value for m in model[0].metrics}["eval_pass1"] == pytest.approx(res["pass1"])
 
 
@@ -150,12 +158,19 @@ def test_prefect_records_the_step_dag_the_ui_draws_and_the_artifacts(campaign_ru
     `__parents__`), which are joined by their data; check those edges on the API. The stage's first step: with
     rollout.max_staleness 1 it holds its own rollout and the next step's."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterName,
+    )
     from prefect.client.schemas.objects import TaskRunResult
 
     with get_client(sync_client=True) as client:
-        step = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-0"])))
+        step = client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["stage1-short-step-0"])))
         assert len(step) == 1 and step[0].state.is_completed(), "no rl-step task run recorded"
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[step[0].flow_run_id])))
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="stage")))

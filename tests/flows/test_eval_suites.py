@@ -12,10 +12,10 @@ import polars as pl
 import pytest
 
 from rstar2.core import config
-from rstar2.run import runstate
 from rstar2.core.layout import RunLayout
 from rstar2.data import clean
 from rstar2.reward import extract_answer
+from rstar2.run import runstate
 from rstar2.world import build
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,8 @@ def test_a_model_directory_on_an_integer_and_a_math_suite(tmp_path):
             assert figures[f"eval/{suite}/problems"] == 2 and figures[f"eval/{suite}/samples"] == 2
             assert f"eval/{suite}/pass_at_2" in figures
     aime_scored = pl.read_parquet(run / "eval" / "init_model-test" / "aime.parquet")
-    assert aime_scored["reward"].to_list() == [0.0 if cut else clean.matches(extract_answer(t), g, "integer") for t, g, cut
+    assert aime_scored["reward"].to_list() == [0.0 if cut else clean.matches(extract_answer(t), g, "integer")
+                                               for t, g, cut
                                                in aime_scored.select("final_text", "gold", "truncated").iter_rows()]
     table = json.loads(Path(client.download_artifacts(mlrun.info.run_id, "eval/init_model-test.json")).read_text())
     assert [row[0] for row in table["data"]] == ["aime", "math500"] and table["columns"][:2] == ["suite", "pass1"]

@@ -11,10 +11,10 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
-from rstar2.flows.evaluate import EvalParams, campaign_running, evaluate
 from rstar2.core import checkpoint, config
-from rstar2.run import runstate
 from rstar2.core.layout import RunLayout
+from rstar2.flows.evaluate import EvalParams, campaign_running, evaluate
+from rstar2.run import runstate
 
 
 @pytest.fixture()

@@ -2,8 +2,9 @@
 the local sandbox, MLflow on SQLite): the Qwen-shaped fixture (Qwen's real vocabulary, 151,936 embedding rows, its
 own chat template, <|im_end|> turns, random weights), a DAPO-Math-17k-layout file brought in by `rstar2 data import`,
 chat transcripts with a tool call for SFT, and an AIME-layout and a MATH-500-layout suite. The campaign runs SFT ->
-evaluation -> one RL step (its weights to the engine by the collective sync) -> evaluation on both suites. A random model solves nothing: the test checks the plumbing
-(what was imported, what ran, what was committed and what MLflow holds), not learning."""
+evaluation -> one RL step (its weights to the engine by the collective sync) -> evaluation on both suites. A random
+model solves nothing: the test checks the plumbing (what was imported, what ran, what was committed and what MLflow
+holds), not learning."""
 
 import json
 from pathlib import Path

@@ -4,7 +4,6 @@ SFT, its evaluation on the suite (every problem of a suite is evaluated: the pla
 over the whole kept training table, and the final evaluation all run; neither planted id reaches a rollout."""
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest

@@ -10,8 +10,8 @@ import pytest
 from prefect import flow, task
 
 from rstar2.core import config
-from rstar2.run.controller import Controller
 from rstar2.core.layout import RunLayout, WorldPaths
+from rstar2.run.controller import Controller
 from rstar2.tasks import run as run_mod
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from rstar2.rollout import cluster
 from rstar2.core.config import SandboxCfg
+from rstar2.rollout import cluster
 from rstar2.sandbox import ExecRequest
 from rstar2.sandbox.backends import connect
 

@@ -11,10 +11,10 @@ import mlflow
 import polars as pl
 import pytest
 
-from rstar2.evaluation import stats
-
 from rstar2.core import checkpoint
+from rstar2.evaluation import stats
 from rstar2.run import steps
+
 pytestmark = pytest.mark.e2e
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=2",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=160",
@@ -91,7 +91,8 @@ def test_mlflow_nests_campaign_seed_and_stage_runs(seeded):
         assert [s.info.run_name for s in stages] == ["stage-stage1"]
         assert [m.step for m in client.get_metric_history(stages[0].info.run_id, "reward_mean")] == [1]
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} >= {
-        "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png", "plots/response_len_mean.png"}
+        "plots/reward_mean.png", "plots/pass1_train.png", "plots/tool_error_rate_pos.png",
+        "plots/response_len_mean.png"}
 
 
 def test_running_it_again_redoes_nothing_and_starts_no_actor(seeded):

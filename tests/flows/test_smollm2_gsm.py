@@ -14,15 +14,16 @@ import polars as pl
 import pytest
 import torch
 
-from rstar2.models import tools
 from rstar2.core import checkpoint
+from rstar2.models import tools
 from rstar2.training import numerics as numerics_
 
 pytestmark = pytest.mark.e2e
 
 SHRINK = ["world.n_sft=6", "world.n_train=12", "world.n_val=2", "world.n_test=3", "sft.epochs=1",
           "eval.samples=1", "eval.max_turns=2", "eval.max_response_tokens=64", "rollout.max_turns=2",
-          "rollout.max_response_tokens=64", "rollout.group_size=2", "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
+          "rollout.max_response_tokens=64", "rollout.group_size=2",
+          "stages=[{name: rl, steps: 1, prompts_per_step: 2}]",
           "eval.suites.0.max_problems=2",  # CHAMP beside the held-out split: two of its problems
           "roc.drop_all_equal=false"]  # rewards of a model SFT'd on 6 rows are likely all 0: keep its groups
 

@@ -18,8 +18,8 @@ import pytest
 import ray
 
 from rstar2.cli.supervisor import stop_tree, tree, wait_http
-from rstar2.rollout import cluster
 from rstar2.core import checkpoint
+from rstar2.rollout import cluster
 from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -86,8 +86,9 @@ def two_nodes(tmp_path, monkeypatch):
 
 
 def test_engines_on_one_node_trainer_on_the_other(two_nodes, tmp_path):
-    from rstar2.flows.campaign import CampaignParams, campaign
     from ray.util.state import list_actors
+
+    from rstar2.flows.campaign import CampaignParams, campaign
 
     _, url = two_nodes
     overrides = SMOKE + [f"out_dir={tmp_path / 'runs'}", "sandbox.backend=http", f"sandbox.urls=[{url}]"]

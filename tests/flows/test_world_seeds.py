@@ -11,11 +11,13 @@ import polars as pl
 import pytest
 
 from rstar2.evaluation import stats
+
 pytestmark = pytest.mark.e2e
 SMOKE = ["world.n_sft=240", "world.n_train=40", "world.n_test=4", "sft.epochs=0.5", "eval.samples=2",
          "stages.0.steps=1", "stages.0.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_tokens=160",
          "eval.max_response_tokens=160", "world.max_positions=512", "seed=3",
-         "engine.num_engines=1"]  # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         # one engine each (a start costs ~10 s of CPU); several engines: tests/engine, the chaos test
+         "engine.num_engines=1"]
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,8 @@ def server(tmp_path_factory, free_port):
         supervisor.register_deployments(env)
         out = tmp_path_factory.mktemp("runs")
         sets = [a for s in SMOKE + [f"out_dir={out}"] for a in ("--set", s)]
-        subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "ui", *sets],
-                       env=env, cwd=ROOT, check=True, timeout=1200)
+        subprocess.run([sys.executable, "-m", "rstar2.cli.main", "campaign", "--preset", "tiny", "--run-name", "ui",
+                        *sets], env=env, cwd=ROOT, check=True, timeout=1200)
         yield f"http://127.0.0.1:{port}", env
     finally:
         proc.terminate()

@@ -5,7 +5,10 @@ import threading
 from concurrent.futures import Future
 
 from rstar2.sandbox import ExecResult
-from tests.unit.test_rollout import ANSWER, TINY, FakeEngine, chat, run_sched, scripted  # noqa: F401 - chat: a fixture
+from tests.unit import test_rollout
+from tests.unit.test_rollout import ANSWER, TINY, FakeEngine, run_sched, scripted
+
+chat = test_rollout.chat  # the rollout tests' byte-level chat fixture, shared
 
 PROBLEMS, SAMPLES = 12, 4  # 48 trajectories, each calling the tool once
 

@@ -7,8 +7,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rstar2.training.batching import (collate, loss_token_logprobs, pack_rows, shard, token_budget_batches,
-                                      use_varlen_attention)
+from rstar2.training.batching import (
+    collate,
+    loss_token_logprobs,
+    pack_rows,
+    shard,
+    token_budget_batches,
+    use_varlen_attention,
+)
 
 
 def test_bucket_budget_and_cover():

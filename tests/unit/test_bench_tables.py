@@ -51,8 +51,8 @@ def test_real_bench_compares_kv_aware_with_each_policy_round_by_round():
 
 
 def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
-    from rstar2.evaluation import report
     from rstar2.cli.tables import ablation_tables, campaign_table
+    from rstar2.evaluation import report
 
     sft = {"pass1": 0.40, "pass1_se": 0.03, "pass_at_1": 0.40, "pass_at_2": 0.55}
     seeds = [{"rl_seed": i, "steps": 2, "pass1": v, "pass1_se": 0.02, "pass_at_1": v, "pass_at_2": v + 0.1}
@@ -75,8 +75,8 @@ def test_campaign_and_ablation_tables_show_seeds_and_their_summary():
 
 
 def test_worlds_table_and_the_ablations_paired_conclusion():
-    from rstar2.evaluation import report
     from rstar2.cli.tables import ablation_conclusions, worlds_table
+    from rstar2.evaluation import report
 
     sft = {"pass1": 0.40, "pass1_se": 0.03}
     worlds = {w: report.seed_aggregate({**sft, "pass1": 0.40 - 0.1 * w},

@@ -3,6 +3,8 @@ and the peak are the GPU allocator's (a CPU RSS base under a GPU peak made `upda
 
 from rstar2.bench import trainer as bench_trainer
 from rstar2.training import device
+
+
 def test_memory_window_uses_the_bench_device(monkeypatch):
     seen = []
     monkeypatch.setattr(device, "reset_peak_memory", lambda d: seen.append(("reset", d.type)))

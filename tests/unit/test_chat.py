@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from rstar2.training import sft
 from rstar2.rollout.chat import ChatFormat, ChatTemplateError, prompt_messages, tool_call
 from rstar2.rollout.template import TOOL_SCHEMA
+from rstar2.training import sft
 from rstar2.world.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
 from tests.fixtures.qwen import make_tokenizer
 
@@ -152,8 +152,8 @@ def test_a_template_the_agent_loop_cannot_use_is_refused_naming_the_model(qwen_t
 
 
 def test_a_run_refuses_such_a_model_before_any_actor_starts(bare_qwen, tmp_path, monkeypatch):
-    from rstar2.rollout import cluster
     from rstar2.core import config
+    from rstar2.rollout import cluster
     from rstar2.run.controller import Controller
 
     monkeypatch.setattr(cluster, "init", lambda: pytest.fail("Ray was started for a model that cannot run"))

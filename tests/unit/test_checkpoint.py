@@ -1,6 +1,8 @@
 import pytest
 
 from rstar2.core import checkpoint
+
+
 def test_commit_is_atomic_and_latest_ignores_partial(tmp_path):
     root = tmp_path / "ckpts"
     checkpoint.commit(root / "step-0001", lambda d: (d / "w.bin").write_bytes(b"1"), {"step": 1})

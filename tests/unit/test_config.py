@@ -1,6 +1,8 @@
 import pytest
 
 from rstar2.core import config
+
+
 def test_presets_load_and_override():
     assert {"tiny", "qwen3-14b"} <= set(config.list_presets())
     cfg = config.load("tiny", ["rollout.group_size=4", "stages.0.steps=3"])

@@ -11,7 +11,6 @@ from rstar2.core import config
 from rstar2.run import actors, controller, engine_actors, trainer_actor, weight_sync
 from rstar2.run.controller import Controller
 
-
 LOG: list[str] = []  # sleep / update / wake_up calls in order
 
 

@@ -3,10 +3,9 @@ sleep mode, KV size), on the paper's multi-GPU preset where every field differs 
 
 import pytest
 
-from rstar2.run import solve
-
 from rstar2.core import config
 from rstar2.rollout.engine import EngineSpec
+from rstar2.run import solve
 
 
 def test_the_run_config_sets_every_engine_field():

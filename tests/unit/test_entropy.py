@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rstar2.evaluation import entropy
-from rstar2.evaluation.entropy import REASONING as F, REFLECTION as R
+from rstar2.evaluation.entropy import REASONING as F
+from rstar2.evaluation.entropy import REFLECTION as R
 
 N = None  # a token the model did not write
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rstar2.evaluation import export
-
 from rstar2.core import checkpoint, config
 from rstar2.core.config import TrainerCfg
+from rstar2.evaluation import export
+from rstar2.rollout.chat import load_tokenizer as load
 from rstar2.training.trainer import STATE_FILE, PolicyTrainer
 from rstar2.world import build
-from rstar2.rollout.chat import load_tokenizer as load
 
 TINY = ["world.n_sft=60", "world.n_train=12", "world.n_test=6", "world.hidden=32", "world.ffn=64", "world.layers=2",
         "world.heads=2", "world.kv_heads=1", "world.vocab_size=600"]

@@ -4,12 +4,12 @@ whatever the timing, and its carry must go on in the next step."""
 
 import pytest
 
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout import partial, trajectory
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.partial import Carry, Cut, cut_back
 from rstar2.rollout.trajectory import Trajectory
 from rstar2.run import steps
-from rstar2.core.config import SchedulerCfg
 from tests.unit import test_rollout
 from tests.unit.test_rollout import ANSWER, CALL, FakeEngine, scripted
 

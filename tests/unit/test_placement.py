@@ -6,9 +6,10 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
+from rstar2.core import config
 from rstar2.rollout import cluster, placement
 
-from rstar2.core import config
+
 @pytest.fixture(scope="module")
 def local_ray():
     cluster.init()

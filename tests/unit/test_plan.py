@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from rstar2.core import config
 from rstar2.run import plan
+
 # vocab 100, hidden 8, 1 layer, 2 heads of 4, 1 KV head, ffn 16 (Qwen2: q/k/v biases, tied embeddings)
 SMALL = ["world.vocab_size=100", "world.hidden=8", "world.layers=1", "world.heads=2", "world.kv_heads=1",
          "world.ffn=16", "trainer.micro_batch_tokens=10", "engine.dtype=float32"]

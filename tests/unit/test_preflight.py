@@ -10,11 +10,10 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from rstar2.rollout import trajectory
-
 from rstar2.core import config
-from rstar2.run import preflight
+from rstar2.rollout import trajectory
 from rstar2.rollout.chat import ChatFormat
+from rstar2.run import preflight
 from rstar2.world import build
 from rstar2.world.tokenizer import CHAT_TEMPLATE, IM_END, PAD, SPECIAL_TOKENS
 

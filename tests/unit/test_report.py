@@ -4,6 +4,8 @@ import polars as pl
 import pytest
 
 from rstar2.evaluation import report
+
+
 def test_comparison_plots_write_one_png_per_curve_with_data(tmp_path):
     curves = {"roc": {"reward_mean": [(1, 0.2), (2, 0.3)], "pass1_train": [(1, 0.2)], "entropy": []},
               "plain-grpo": {"reward_mean": [(1, 0.1), (2, 0.15)]}}

@@ -4,8 +4,8 @@ generated one, or world.base_model), never a `<run>/sft` that SFT-off runs do no
 from pathlib import Path
 
 from rstar2.core import config
-from rstar2.run import runstate
 from rstar2.core.layout import RunLayout
+from rstar2.run import runstate
 
 
 def test_rl_starts_from_the_sft_model_or_with_sft_off_from_the_initial_model(tmp_path):

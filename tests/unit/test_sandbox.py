@@ -12,7 +12,6 @@ from rstar2.sandbox.metrics import SandboxMetrics, summarize
 from rstar2.sandbox.service import ESSENTIAL, SandboxService
 
 
-
 def run(service, code, **kw):
     return service.run(ExecRequest(code, **kw))
 

@@ -21,7 +21,6 @@ from rstar2.sandbox.server import create_app
 from rstar2.sandbox.service import SandboxService
 
 
-
 def test_batch_keeps_order_and_runs_in_parallel(service):
     reqs = [ExecRequest(f"import time\ntime.sleep({0.3 - 0.05 * i:.2f})\nprint({i})") for i in range(4)]
     t0 = time.monotonic()

@@ -5,8 +5,8 @@ engine; the SchedulerSession's protocol on hand-worked event sequences; and the 
 import numpy as np
 import pytest
 
-from rstar2.core.config import SchedulerCfg
 from rstar2.bench.rollout_sim import SIM_POLICIES, STAGES, Hardware, WorkloadSpec, icc, make_workload, simulate
+from rstar2.core.config import SchedulerCfg
 from rstar2.rollout.estimator import LengthEstimator
 from rstar2.rollout.scheduler import END, TOOL, TURN, Scheduler, SchedulerError, SchedulerSession
 

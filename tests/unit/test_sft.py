@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from rstar2.cli.main import app
 from rstar2.core import checkpoint
-from rstar2.training import transcripts
 from rstar2.rollout.chat import ChatFormat, prompt_messages
 from rstar2.rollout.template import TOOL_NAME
+from rstar2.training import transcripts
 
 
 def _rows(n: int) -> list[dict]:

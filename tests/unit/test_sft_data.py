@@ -4,10 +4,9 @@ import polars as pl
 import pytest
 
 from rstar2 import reward
-
-from rstar2.training import roc
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.tool_parser import parse_tool_calls
+from rstar2.training import roc
 from rstar2.world import problems, sft_data
 from rstar2.world.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
 
@@ -59,8 +58,8 @@ def test_recover_transcripts_fail_then_fix_through_the_real_sandbox(service):
     """Every problem kind's recover transcript: its first call fails in the real sandbox (status error) and the
     tool reply SFT shows is the one the rollout makes of that result (same cap), the reflection names the mistake,
     and the second call is the solution, which succeeds and prints the answer."""
-    from rstar2.sandbox import ExecRequest
     from rstar2.rollout.tool_parser import format_tool_response
+    from rstar2.sandbox import ExecRequest
 
     cap = 256  # rollout.tool_response_chars of the tiny presets
     probs = problems.generate(1, {"test": 2 * len(problems.KINDS)})["test"]
@@ -118,7 +117,6 @@ def test_the_tiny_worlds_sft_numerics_did_not_change(tmp_path):
     import zlib
 
     from rstar2.core import config
-
     from rstar2.training import sft, transcripts
     from rstar2.training.batching import token_budget_batches
     from rstar2.world import build

@@ -5,10 +5,10 @@ the stage's start."""
 
 import pytest
 
-from rstar2.flows.rl_step import policy, staleness
-from rstar2.flows.stage_transition import StageStart
 from rstar2.core import config
 from rstar2.core.layout import RunLayout, RunRef
+from rstar2.flows.rl_step import policy, staleness
+from rstar2.flows.stage_transition import StageStart
 from rstar2.tasks.rl import StepAt
 
 

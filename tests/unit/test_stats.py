@@ -5,6 +5,8 @@ import math
 import pytest
 
 from rstar2.evaluation import stats
+
+
 def test_pass_at_k_is_the_unbiased_estimator():
     # n=4 samples, c=2 correct: pass@1 = 2/4; pass@2 = 1 - C(2,2)/C(4,2) = 1 - 1/6; pass@4: n-c=2 < 4, always hit
     assert stats.pass_at_k(4, 2, 1) == pytest.approx(0.5)

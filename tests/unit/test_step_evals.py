@@ -4,8 +4,8 @@ the engines on the last checkpoint after. The real path (a campaign killed once 
 then resumed: eval_pass1 logged for both steps as without the kill) was run by hand; the Prefect tasks are stood in
 for here."""
 
-from rstar2.flows import train_stage
 from rstar2.core import checkpoint, config
+from rstar2.flows import train_stage
 
 
 def test_due_steps_without_their_evaluation_are_evaluated_from_their_checkpoint(tmp_path, monkeypatch):

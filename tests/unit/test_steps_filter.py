@@ -3,8 +3,8 @@
 import polars as pl
 import pytest
 
-from rstar2.run import steps
 from rstar2.core.config import RoCCfg
+from rstar2.run import steps
 
 
 @pytest.fixture

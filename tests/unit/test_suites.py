@@ -7,11 +7,10 @@ import math
 import polars as pl
 import pytest
 
-from rstar2.evaluation import report, stats
-
 from rstar2.core import config
 from rstar2.core.config import SuiteCfg
 from rstar2.data import suites
+from rstar2.evaluation import report, stats
 
 
 def _write(path, rows):

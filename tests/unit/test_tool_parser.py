@@ -4,10 +4,10 @@ Hermes' (what rstar2.rollout.chat reads off a Qwen-style template); another pair
 import functools
 import json
 
-from rstar2.sandbox import ExecRequest, ExecResult
 from rstar2.rollout.template import TOOL_NAME
 from rstar2.rollout.tool_parser import ToolCall, format_tool_response, tool_call_to_request, truncate_middle
 from rstar2.rollout.tool_parser import parse_tool_calls as parse_with
+from rstar2.sandbox import ExecRequest, ExecResult
 
 parse_tool_calls = functools.partial(parse_with, open_="<tool_call>", close="</tool_call>")
 

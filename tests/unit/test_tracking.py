@@ -5,6 +5,8 @@ import os
 import pytest
 
 from rstar2.core import tracking
+
+
 def test_each_out_dir_gets_its_own_store_in_one_process(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     tracking.setup("a", str(tmp_path / "one"))

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from rstar2.core import checkpoint, config
-
 from rstar2.training import grpo
 from rstar2.training.trainer import PolicyTrainer
 from rstar2.world import build
