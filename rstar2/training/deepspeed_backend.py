@@ -86,7 +86,7 @@ class DeepSpeedBackend:
         self.ds, self.cfg, self.rank = ds, cfg, rank
         self._warmup = lr_lambda(cfg)
         self.engine, self.opt, _, self.sched = ds.initialize(
-            model=model, optimizer=adamw(model.parameters(), cfg, device),
+            model=model, optimizer=adamw(model.parameters(), cfg.lr, cfg.weight_decay, device),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, self._warmup),
             config=ds_config(cfg, device))
 

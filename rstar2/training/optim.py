@@ -24,7 +24,9 @@ def lr_lambda(c: TrainerCfg):
     return m
 
 
-def adamw(params, c: TrainerCfg, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with the config's lr and weight decay; fused: one kernel per step on CPU and CUDA (the same math as the
-    for-loop version)."""
-    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=device.type in ("cpu", "cuda"))
+def adamw(params, lr: float, weight_decay: float, device: torch.device,
+          betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters a step, the for-loop
+    version's math); the RL trainers (torch and DeepSpeed) and the SFT all step with it."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas,
+                             fused=device.type in ("cpu", "cuda"))

@@ -28,7 +28,7 @@ from rstar2.core.progress import bar
 from rstar2.models import tools
 from rstar2.rollout.chat import ChatFormat
 from rstar2.training import device as dev
-from rstar2.training import numerics, transcripts
+from rstar2.training import numerics, optim, transcripts
 from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, token_budget_batches, use_varlen_attention
 
 
@@ -137,7 +137,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     lengths = [len(x) for x in ids]
     openings = shared_openings(ids, masks) if packed else None
     total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    opt = optim.adamw(model.parameters(), lr, 0.01, dv, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
     sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay (the paper's SFT schedule)
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))

@@ -70,7 +70,7 @@ class TorchBackend:
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
-        self.opt = adamw(self.module.parameters(), self.cfg, self.device)
+        self.opt = adamw(self.module.parameters(), self.cfg.lr, self.cfg.weight_decay, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg))
 
     def forward_starts(self) -> None:
