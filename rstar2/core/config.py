@@ -85,6 +85,8 @@ class SFTCfg(_Cfg):
     lr: float = 2e-3
     batch_tokens: int = 4096
     warmup_frac: float = 0.04
+    weight_decay: float = 0.01  # AdamW's (betas 0.9, 0.95)
+    min_lr_frac: float = Field(0.0, ge=0.0, le=1.0)  # the cosine ends at this share of lr (0: at zero)
     # An SFT whose loss ends above target_loss trains another cycle: a fresh schedule and optimizer from the model the
     # last cycle made, its batches in another order, up to max_cycles in all (None: one cycle of `epochs`)
     target_loss: float | None = None

@@ -101,6 +101,7 @@ def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Ra
 
 def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
           warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
+          weight_decay: float = 0.01, min_lr_frac: float = 0.0,
           on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
     and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics."""
@@ -111,7 +112,8 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
     ids, masks = tokenize(chat, transcripts.read(data))
     res = fit(model, ids, masks, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_frac=warmup_frac, seed=seed,
-              packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok),
+              packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok), weight_decay=weight_decay,
+              min_lr_frac=min_lr_frac,
               on_progress=on_progress)
     model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
     model.save_pretrained(str(out_dir), safe_serialization=True)
@@ -127,8 +129,8 @@ def batches_per_epoch(ids: list[list[int]], masks: list[list[int]], batch_tokens
 
 
 def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, lr: float, batch_tokens: int,
-        warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int,
-        on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+        warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int, weight_decay: float = 0.01,
+        min_lr_frac: float = 0.0, on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """The optimisation itself, on tokenised transcripts (ids and loss masks), in place on `model` (on its device):
     AdamW, linear warm-up then cosine decay over int(batches per epoch x epochs) steps, `dtype` autocast."""
     rng = random.Random(seed)
@@ -137,10 +139,11 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     lengths = [len(x) for x in ids]
     openings = shared_openings(ids, masks) if packed else None
     total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
-    opt = optim.adamw(model.parameters(), lr, 0.01, dv, betas=(0.9, 0.95))
+    opt = optim.adamw(model.parameters(), lr, weight_decay, dv, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
-    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay (the paper's SFT schedule)
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    f = min_lr_frac
+    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to f x lr (the paper's SFT schedule)
+        opt, lambda s: min(1.0, (s + 1) / warm) * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))))
     model.train()
     step, tokens, fed, n_loss, t0, loss_ema = 0, 0, 0, 0, time.perf_counter(), float("nan")
     while step < total:
@@ -178,8 +181,9 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
         done = sum(r.steps for r in cycles)  # progress counts on through the cycles
         progress = on_progress and (lambda step, total, loss, done=done: on_progress(done + step, done + total, loss))
         res = train(src, Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
-                    warmup_frac=s.warmup_frac, seed=cfg.seed + len(cycles), packed=s.packed,
-                    device=cfg.trainer.device, dtype=cfg.trainer.dtype, on_progress=progress)
+                    warmup_frac=s.warmup_frac, weight_decay=s.weight_decay, min_lr_frac=s.min_lr_frac,
+                    seed=cfg.seed + len(cycles), packed=s.packed, device=cfg.trainer.device, dtype=cfg.trainer.dtype,
+                    on_progress=progress)
         cycles.append(res)
         if s.target_loss is None or res.final_loss <= s.target_loss or len(cycles) == s.max_cycles:
             break
