@@ -128,3 +128,13 @@ def test_the_executor_fault_finds_the_sandbox_s_executors_by_their_command_line(
         found = [p for p in psutil.Process().children(recursive=True)
                  if faults._script(faults._cmdline(p)).endswith("zygote.py")]
     assert found
+
+
+def test_a_bf16_trainer_s_gap_is_judged_against_the_reference_s_own():
+    ref = record(figures={**record()["figures"], "logprob_gap": [2.1e-3, 3.2e-3, 2.8e-3]})  # bf16 trainer, fp32 engine
+    same = copy.deepcopy(ref)
+    same["figures"]["logprob_gap"][1] += 3e-8  # the engine's batching noise
+    assert checks.differences(same, ref, {}) == []
+    stale = copy.deepcopy(ref)
+    stale["figures"]["logprob_gap"][1] = 1.9e-2  # an engine one version behind
+    assert checks.differences(stale, ref, {})[0].startswith("logprob_gap per step")
