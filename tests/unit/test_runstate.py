@@ -39,7 +39,8 @@ def test_speed_from_the_committed_sft_and_steps(tmp_path):
 
     from rstar2.core import checkpoint
 
-    cfg = config.load("tiny", [f"out_dir={tmp_path}", "stages=[{name: s1, steps: 3, prompts_per_step: 2}]"])
+    cfg = config.load("tiny", [f"out_dir={tmp_path}", "trainer.dtype=float32",
+                                 "stages=[{name: s1, steps: 3, prompts_per_step: 2}]"])
     run = RunLayout.of(tmp_path, "r")
     run.sft.mkdir(parents=True)
     (run.sft / "sft_result.json").write_text(json.dumps({"tokens_per_s": 250.0, "wall_s": 400.0}))
