@@ -85,7 +85,7 @@ class SFTCfg(_Cfg):
     lr: float = 2e-3
     batch_tokens: int = 4096
     warmup_frac: float = 0.04
-    weight_decay: float = 0.01  # AdamW's (betas 0.9, 0.95)
+    weight_decay: float = Field(0.01, ge=0.0)  # AdamW's (betas 0.9, 0.95)
     min_lr_frac: float = Field(0.0, ge=0.0, le=1.0)  # the cosine ends at this share of lr (0: at zero)
     # An SFT whose loss ends above target_loss trains another cycle: a fresh schedule and optimizer from the model the
     # last cycle made, its batches in another order, up to max_cycles in all (None: one cycle of `epochs`)
@@ -154,7 +154,7 @@ class TrainerCfg(_Cfg):
     warmup_steps: int = 20  # linear warm-up, then constant ...
     decay_steps: int = Field(0, ge=0)  # ... or a cosine down to min_lr_frac over this many optimizer steps (0: off)
     min_lr_frac: float = Field(0.1, ge=0.0, le=1.0)
-    weight_decay: float = 0.01
+    weight_decay: float = Field(0.01, ge=0.0)
     grad_clip: float = 1.0
     eps_low: float = 0.2
     eps_high: float = 0.28

@@ -9,19 +9,24 @@ import torch
 from rstar2.core.config import TrainerCfg
 
 
-def lr_lambda(c: TrainerCfg):
-    """LR multiplier at optimizer step s: linear warm-up over `warmup_steps`, then constant (paper: 20 steps, then
-    constant) or, with `decay_steps` > 0, a cosine from 1 down to `min_lr_frac` at step `decay_steps` (and flat after):
+def schedule(warmup_steps: int, decay_steps: int, min_lr_frac: float):
+    """LR multiplier at optimizer step s: linear warm-up over W = `warmup_steps`, then constant (D = `decay_steps`
+    = 0; paper's RL: 20 steps, then constant) or a cosine from 1 down to f = `min_lr_frac` at step D (and flat after):
 
         m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * min(1, s/D))) / 2)
     """
     def m(s: int) -> float:
-        warm = min(1.0, (s + 1) / max(1, c.warmup_steps))
-        if c.decay_steps <= 0:
+        warm = min(1.0, (s + 1) / max(1, warmup_steps))
+        if decay_steps <= 0:
             return warm
-        f = c.min_lr_frac
-        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / c.decay_steps))))
+        f = min_lr_frac
+        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / decay_steps))))
     return m
+
+
+def lr_lambda(c: TrainerCfg):
+    """The RL trainer's schedule (`schedule` with its config's warm-up, decay and floor)."""
+    return schedule(c.warmup_steps, c.decay_steps, c.min_lr_frac)
 
 
 def adamw(params, lr: float, weight_decay: float, device: torch.device,

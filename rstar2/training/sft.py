@@ -141,9 +141,8 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
     opt = optim.adamw(model.parameters(), lr, weight_decay, dv, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
-    f = min_lr_frac
-    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to f x lr (the paper's SFT schedule)
-        opt, lambda s: min(1.0, (s + 1) / warm) * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))))
+    # linear warm-up, cosine decay to min_lr_frac x lr over the whole run (the paper's SFT schedule)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, optim.schedule(warm, total, min_lr_frac))
     model.train()
     step, tokens, fed, n_loss, t0, loss_ema = 0, 0, 0, 0, time.perf_counter(), float("nan")
     while step < total:

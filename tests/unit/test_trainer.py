@@ -291,6 +291,8 @@ def test_lr_schedule_warmup_then_cosine_decay():
     assert [m(s) for s in (0, 1, 2, 4, 10)] == pytest.approx([0.5, 0.868198, 0.55, 0.1, 0.1], abs=1e-6)
     const = lr_lambda(config.TrainerCfg(warmup_steps=2))  # decay_steps 0: the paper's constant lr
     assert [const(s) for s in (0, 1, 50)] == [0.5, 1.0, 1.0]
+    from rstar2.training.optim import schedule  # the SFT's: warm-up 1 step, cosine to 0 over 4
+    assert [schedule(1, 4, 0.0)(s) for s in (0, 2, 4)] == pytest.approx([1.0, 0.5, 0.0], abs=1e-12)
 
 
 def test_deepspeed_missing_is_one_clear_error(tiny_model, monkeypatch):
