@@ -2,8 +2,9 @@
 at a time (pytest-xdist's loadfile, in collection order), so the longest files go first and no worker is left with
 one of them at the end. Every whole-suite run records each file's seconds (setup, call and teardown of its tests, beside
 the other worker) in this host's `$RSTAR2_HOME/test-durations.json`, and the next run orders by them; a host that has
-not run the suite yet orders by `tests/durations.json`, a copy of such a record committed with the tests. A file
-neither knows goes after the measured ones, end-to-end files first."""
+not run the suite yet orders by `tests/durations.json`, a copy of such a record committed with the tests (from a fresh
+clone, whose first run also converts the test models and fills the caches). A file neither knows goes after the
+measured ones, end-to-end files first."""
 
 from __future__ import annotations
 

@@ -87,10 +87,21 @@ class SFTCfg(_Cfg):
     warmup_frac: float = 0.04
     weight_decay: float = Field(0.01, ge=0.0)  # AdamW's (betas 0.9, 0.95)
     min_lr_frac: float = Field(0.0, ge=0.0, le=1.0)  # the cosine ends at this share of lr (0: at zero)
+    # the cosine's share of the epochs' steps (1: all of them, the paper's; less: the lr is held until then, WSD) and,
+    # with decay_at_target, the held phase ends once the loss (averaged over ~50 steps) reaches target_loss: the cycle
+    # decays from there and ends early (rstar2.training.sft.fit)
+    decay_frac: float = Field(1.0, gt=0.0, le=1.0)
+    decay_at_target: bool = False
     # An SFT whose loss ends above target_loss trains another cycle: a fresh schedule and optimizer from the model the
     # last cycle made, its batches in another order, up to max_cycles in all (None: one cycle of `epochs`)
     target_loss: float | None = None
     max_cycles: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _decay_needs_a_target(self) -> "SFTCfg":
+        if self.decay_at_target and self.target_loss is None:
+            raise ValueError("sft.decay_at_target needs sft.target_loss (the loss at which the decay starts)")
+        return self
 
 
 class RolloutCfg(_Cfg):

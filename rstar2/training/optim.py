@@ -9,18 +9,19 @@ import torch
 from rstar2.core.config import TrainerCfg
 
 
-def schedule(warmup_steps: int, decay_steps: int, min_lr_frac: float):
-    """LR multiplier at optimizer step s: linear warm-up over W = `warmup_steps`, then constant (D = `decay_steps`
-    = 0; paper's RL: 20 steps, then constant) or a cosine from 1 down to f = `min_lr_frac` at step D (and flat after):
+def schedule(warmup_steps: int, decay_steps: int, min_lr_frac: float, stable_steps: int = 0):
+    """LR multiplier at optimizer step s: linear warm-up over W = `warmup_steps`; then, with D = `decay_steps` > 0, a
+    cosine from 1 down to f = `min_lr_frac` over D steps after S = `stable_steps` steps at 1 (and flat after), or
+    constant with D = 0 (the paper's RL: 20 steps of warm-up, then constant). S > 0 is warm-up-stable-decay (WSD):
 
-        m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * min(1, s/D))) / 2)
+        m(s) = min(1, (s+1)/W) * (f + (1 - f) * (1 + cos(pi * clip((s - S)/D, 0, 1))) / 2)
     """
     def m(s: int) -> float:
         warm = min(1.0, (s + 1) / max(1, warmup_steps))
         if decay_steps <= 0:
             return warm
-        f = min_lr_frac
-        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / decay_steps))))
+        f, x = min_lr_frac, min(1.0, max(0.0, (s - stable_steps) / decay_steps))
+        return warm * (f + (1 - f) * 0.5 * (1 + math.cos(math.pi * x)))
     return m
 
 

@@ -58,6 +58,7 @@ def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[li
     return ids, masks
 
 
+SLOW = 0.98  # the loss average that ends a WSD schedule's held phase: over ~50 steps, where a step's loss is noisy
 MIN_SHARED = 32  # tokens: a shorter common opening is not worth storing once
 
 
@@ -101,7 +102,8 @@ def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Ra
 
 def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
           warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
-          weight_decay: float = 0.01, min_lr_frac: float = 0.0,
+          weight_decay: float = 0.01, min_lr_frac: float = 0.0, decay_frac: float = 1.0,
+          decay_at_loss: float | None = None,
           on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
     and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics."""
@@ -113,8 +115,7 @@ def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: floa
     ids, masks = tokenize(chat, transcripts.read(data))
     res = fit(model, ids, masks, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_frac=warmup_frac, seed=seed,
               packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok), weight_decay=weight_decay,
-              min_lr_frac=min_lr_frac,
-              on_progress=on_progress)
+              min_lr_frac=min_lr_frac, decay_frac=decay_frac, decay_at_loss=decay_at_loss, on_progress=on_progress)
     model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
@@ -130,21 +131,26 @@ def batches_per_epoch(ids: list[list[int]], masks: list[list[int]], batch_tokens
 
 def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, lr: float, batch_tokens: int,
         warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int, weight_decay: float = 0.01,
-        min_lr_frac: float = 0.0, on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+        min_lr_frac: float = 0.0, decay_frac: float = 1.0, decay_at_loss: float | None = None,
+        on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """The optimisation itself, on tokenised transcripts (ids and loss masks), in place on `model` (on its device):
-    AdamW, linear warm-up then cosine decay over int(batches per epoch x epochs) steps, `dtype` autocast."""
+    AdamW, `dtype` autocast, a budget of int(batches per epoch x epochs) steps, and the schedule `optim.schedule`:
+    linear warm-up, then a cosine to min_lr_frac x lr over the whole budget (decay_frac 1: the paper's SFT schedule),
+    or the lr held until its last decay_frac of the budget and the cosine there (WSD). With `decay_at_loss`, the held
+    phase ends as soon as the slow loss average (`SLOW`) falls to it: the decay follows and the cycle ends early."""
     rng = random.Random(seed)
     dv = next(model.parameters()).device
     use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     lengths = [len(x) for x in ids]
     openings = shared_openings(ids, masks) if packed else None
     total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
+    decay = max(1, int(total * decay_frac))
     opt = optim.adamw(model.parameters(), lr, weight_decay, dv, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
-    # linear warm-up, cosine decay to min_lr_frac x lr over the whole run (the paper's SFT schedule)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, optim.schedule(warm, total, min_lr_frac))
+    multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=total - decay)
     model.train()
-    step, tokens, fed, n_loss, t0, loss_ema = 0, 0, 0, 0, time.perf_counter(), float("nan")
+    step, tokens, fed, n_loss, t0 = 0, 0, 0, 0, time.perf_counter()
+    loss_ema, loss_slow = float("nan"), float("nan")
     while step < total:
         for batch in _batches(lengths, batch_tokens, packed, rng, openings):
             if step >= total:
@@ -157,11 +163,16 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for group in opt.param_groups:
+                group["lr"] = lr * multiplier(step)
             opt.step()
-            sched.step()
             step += 1
             tokens, fed, n_loss = tokens + mb.real_tokens, fed + mb.fed_tokens, n_loss + logp.numel()
             loss_ema = loss.item() if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * loss.item()
+            loss_slow = loss.item() if math.isnan(loss_slow) else SLOW * loss_slow + (1 - SLOW) * loss.item()
+            if decay_at_loss is not None and step < total - decay and step > warm and loss_slow <= decay_at_loss:
+                total = step + decay  # the skill has formed: decay from here, and end after it
+                multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=step)
             if on_progress:
                 on_progress(step, total, loss_ema)
     wall = time.perf_counter() - t0
@@ -181,6 +192,7 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
         progress = on_progress and (lambda step, total, loss, done=done: on_progress(done + step, done + total, loss))
         res = train(src, Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
                     warmup_frac=s.warmup_frac, weight_decay=s.weight_decay, min_lr_frac=s.min_lr_frac,
+                    decay_frac=s.decay_frac, decay_at_loss=s.target_loss if s.decay_at_target else None,
                     seed=cfg.seed + len(cycles), packed=s.packed, device=cfg.trainer.device, dtype=cfg.trainer.dtype,
                     on_progress=progress)
         cycles.append(res)

@@ -105,3 +105,28 @@ def test_a_shared_opening_is_computed_once_and_changes_no_loss(qwen_model_dir):
     with torch.no_grad():
         a, b = loss_token_logprobs(model, shared)[0], loss_token_logprobs(model, whole)[0]
     assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_wsd_holds_the_lr_and_a_formed_skill_ends_the_cycle_early(qwen_model_dir):
+    """decay_frac < 1 holds the lr until the budget's last share (WSD); with decay_at_loss the held phase ends once
+    the slow loss average reaches it, and the cycle ends one decay later: 3 steps + 5 of decay, not 20."""
+    from rstar2.training import optim, sft
+
+    hold = optim.schedule(1, 4, 0.0, stable_steps=2)  # warm-up 1 step, held 2, a cosine over 4 down to 0
+    assert [hold(s) for s in (0, 1, 2, 4, 6, 9)] == pytest.approx([1.0, 1.0, 1.0, 0.5, 0.0, 0.0], abs=1e-12)
+    chat = ChatFormat.load(qwen_model_dir)
+    ids, masks = sft.tokenize(chat, [r["messages"] for r in _rows(8)])
+    per_epoch = sft.batches_per_epoch(ids, masks, 256, False)
+
+    def run(decay_at_loss):
+        model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32)
+        totals = []
+        res = sft.fit(model, ids, masks, epochs=20.5 / per_epoch, lr=1e-3, batch_tokens=256, warmup_frac=0.1, seed=0,
+                      packed=False, dtype="float32", pad_id=0, decay_frac=0.25, decay_at_loss=decay_at_loss,
+                      on_progress=lambda step, total, loss: totals.append(total))
+        return res.steps, totals
+
+    steps, totals = run(None)  # never formed: the whole budget, its last 5 steps the decay
+    assert steps == 20 and set(totals) == {20}
+    steps, totals = run(1e9)  # formed at once: the held phase ends after the warm-up's 2 steps and one more
+    assert steps == 8 and totals[:2] == [20, 20] and set(totals[2:]) == {8}
