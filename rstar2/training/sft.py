@@ -12,7 +12,6 @@ world's transcripts)."""
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +34,7 @@ from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, to
 @dataclass
 class SFTResult:
     steps: int
-    final_loss: float
+    final_loss: float  # the loss averaged over the last ~50 steps (`SLOW`)
     tokens_per_s: float
     wall_s: float
     cycle_losses: list[float] = field(default_factory=list)  # each cycle's final loss (train_with)
@@ -58,7 +57,9 @@ def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[li
     return ids, masks
 
 
-SLOW = 0.98  # the loss average that ends a WSD schedule's held phase: over ~50 steps, where a step's loss is noisy
+# The loss a cycle reports and judges (its end against sft.target_loss, a WSD hold's end): an average over ~50 steps
+# (an EMA), as one batch's loss swings with its length bucket (a fast EMA's end varied 0.09-0.17 within 35 steps)
+SLOW = 0.98
 MIN_SHARED = 32  # tokens: a shorter common opening is not worth storing once
 
 
@@ -137,7 +138,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     AdamW, `dtype` autocast, a budget of int(batches per epoch x epochs) steps, and the schedule `optim.schedule`:
     linear warm-up, then a cosine to min_lr_frac x lr over the whole budget (decay_frac 1: the paper's SFT schedule),
     or the lr held until its last decay_frac of the budget and the cosine there (WSD). With `decay_at_loss`, the held
-    phase ends as soon as the slow loss average (`SLOW`) falls to it: the decay follows and the cycle ends early."""
+    phase ends as soon as the loss average (`SLOW`) falls to it: the decay follows and the cycle ends early."""
     rng = random.Random(seed)
     dv = next(model.parameters()).device
     use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
@@ -149,8 +150,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     warm = max(1, int(total * warmup_frac))
     multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=total - decay)
     model.train()
-    step, tokens, fed, n_loss, t0 = 0, 0, 0, 0, time.perf_counter()
-    loss_ema, loss_slow = float("nan"), float("nan")
+    step, tokens, fed, n_loss, t0, loss_sum = 0, 0, 0, 0, time.perf_counter(), 0.0
     while step < total:
         for batch in _batches(lengths, batch_tokens, packed, rng, openings):
             if step >= total:
@@ -168,15 +168,16 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             opt.step()
             step += 1
             tokens, fed, n_loss = tokens + mb.real_tokens, fed + mb.fed_tokens, n_loss + logp.numel()
-            loss_ema = loss.item() if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * loss.item()
-            loss_slow = loss.item() if math.isnan(loss_slow) else SLOW * loss_slow + (1 - SLOW) * loss.item()
-            if decay_at_loss is not None and step < total - decay and step > warm and loss_slow <= decay_at_loss:
+            loss_sum = SLOW * loss_sum + (1 - SLOW) * loss.item()
+            loss_avg = loss_sum / (1 - SLOW ** step)  # bias-corrected, as Adam's moments: a mean early on
+            if decay_at_loss is not None and warm < step < total - decay and loss_avg <= decay_at_loss:
                 total = step + decay  # the skill has formed: decay from here, and end after it
                 multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=step)
             if on_progress:
-                on_progress(step, total, loss_ema)
+                on_progress(step, total, loss_avg)
     wall = time.perf_counter() - t0
-    return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall, fed_tokens=fed,
+    final = loss_sum / (1 - SLOW ** step) if step else float("nan")
+    return SFTResult(steps=step, final_loss=final, tokens_per_s=tokens / wall, wall_s=wall, fed_tokens=fed,
                      loss_tokens=n_loss, dtype=dtype)
 
 
