@@ -12,6 +12,7 @@ world's transcripts)."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ from rstar2.training.batching import collate, loss_token_logprobs, pack_rows, to
 @dataclass
 class SFTResult:
     steps: int
-    final_loss: float  # the loss averaged over the last ~50 steps (`SLOW`)
+    final_loss: float  # a 10-step EMA of the loss at the end
     tokens_per_s: float
     wall_s: float
     cycle_losses: list[float] = field(default_factory=list)  # each cycle's final loss (train_with)
@@ -57,8 +58,8 @@ def tokenize(chat: ChatFormat, conversations: list[list[dict]]) -> tuple[list[li
     return ids, masks
 
 
-# The loss a cycle reports and judges (its end against sft.target_loss, a WSD hold's end): an average over ~50 steps
-# (an EMA), as one batch's loss swings with its length bucket (a fast EMA's end varied 0.09-0.17 within 35 steps)
+# The loss that ends a WSD schedule's held phase: an average over ~50 steps (an EMA), as one batch's loss swings with
+# its length bucket (a cycle's final loss, a 10-step EMA, moved between 0.09 and 0.17 within 35 steps of a formed model)
 SLOW = 0.98
 MIN_SHARED = 32  # tokens: a shorter common opening is not worth storing once
 
@@ -150,7 +151,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     warm = max(1, int(total * warmup_frac))
     multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=total - decay)
     model.train()
-    step, tokens, fed, n_loss, t0, loss_sum = 0, 0, 0, 0, time.perf_counter(), 0.0
+    step, tokens, fed, n_loss, t0, loss_ema, loss_sum = 0, 0, 0, 0, time.perf_counter(), float("nan"), 0.0
     while step < total:
         for batch in _batches(lengths, batch_tokens, packed, rng, openings):
             if step >= total:
@@ -168,16 +169,17 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             opt.step()
             step += 1
             tokens, fed, n_loss = tokens + mb.real_tokens, fed + mb.fed_tokens, n_loss + logp.numel()
-            loss_sum = SLOW * loss_sum + (1 - SLOW) * loss.item()
+            x = loss.item()
+            loss_ema = x if math.isnan(loss_ema) else 0.9 * loss_ema + 0.1 * x
+            loss_sum = SLOW * loss_sum + (1 - SLOW) * x
             loss_avg = loss_sum / (1 - SLOW ** step)  # bias-corrected, as Adam's moments: a mean early on
             if decay_at_loss is not None and warm < step < total - decay and loss_avg <= decay_at_loss:
                 total = step + decay  # the skill has formed: decay from here, and end after it
                 multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=step)
             if on_progress:
-                on_progress(step, total, loss_avg)
+                on_progress(step, total, loss_ema)
     wall = time.perf_counter() - t0
-    final = loss_sum / (1 - SLOW ** step) if step else float("nan")
-    return SFTResult(steps=step, final_loss=final, tokens_per_s=tokens / wall, wall_s=wall, fed_tokens=fed,
+    return SFTResult(steps=step, final_loss=loss_ema, tokens_per_s=tokens / wall, wall_s=wall, fed_tokens=fed,
                      loss_tokens=n_loss, dtype=dtype)
 
 
