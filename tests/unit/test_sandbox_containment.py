@@ -109,10 +109,10 @@ def attack(service, code, **kw):
 
 
 def test_infinite_loop_ignoring_signals(service):
-    t0 = time.monotonic()
     res = attack(service, "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
                           "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass")
-    assert res.status == "timeout" and time.monotonic() - t0 < service.limits.timeout_s + 2
+    # killed soon after its timeout: the call's own fork-to-exit time (a loaded machine's queue for a slot not in it)
+    assert res.status == "timeout" and service.limits.timeout_s <= res.wall_s < service.limits.timeout_s + 2
 
 
 @pytest.mark.parametrize("escape", ["", "os.setsid()\n    if os.fork():\n        os._exit(0)\n    "])
