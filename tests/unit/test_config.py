@@ -19,7 +19,9 @@ def test_bad_input_gives_one_clear_error():
         config.load("tiny", ["rollout.group_size"])
     with pytest.raises(Exception, match="group_sise"):
         config.load("tiny", ["rollout.group_sise=3"])  # typos are errors, not silent defaults
-    for bad in ("sft.weight_decay=-0.1", "trainer.weight_decay=-1", "sft.min_lr_frac=1.5"):
+    with pytest.raises(Exception, match="sft.decay_at_target needs sft.target_loss"):
+        config.load("tiny", ["sft.decay_at_target=true", "sft.target_loss=null"])
+    for bad in ("sft.weight_decay=-0.1", "trainer.weight_decay=-1", "sft.min_lr_frac=1.5", "sft.decay_frac=0"):
         with pytest.raises(Exception, match=bad.split("=")[0].split(".")[1]):
             config.load("tiny", [bad])
 
