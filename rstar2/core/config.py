@@ -73,6 +73,18 @@ def model_positions(base_model: str, arch: dict | None = None) -> int | None:
     return mc.get("max_position_embeddings") or (mc.get("text_config") or {}).get("max_position_embeddings")
 
 
+class LoraCfg(_Cfg):
+    """Low-rank adapters (LoRA, Hu et al. 2021, with `peft`): W x + (alpha / rank) B A x on each target linear layer,
+    A (rank, in) and B (out, rank); the base weights W frozen, only A and B trained (and checkpointed, and sent to the
+    engines). B starts at zero, so a fresh adapter serves the base model exactly."""
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / rank
+    # module names (the last part of a linear layer's name, e.g. q_proj), or "all-linear": every linear layer but the
+    # output head (peft's)
+    targets: list[str] | Literal["all-linear"] = "all-linear"
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
 class SFTCfg(_Cfg):
     enabled: bool = True
     # chat transcripts to SFT on (JSON lines, rstar2.training.transcripts); None: the tiny world's own
@@ -96,6 +108,8 @@ class SFTCfg(_Cfg):
     # last cycle made, its batches in another order, up to max_cycles in all (None: one cycle of `epochs`)
     target_loss: float | None = None
     max_cycles: int = Field(1, ge=1)
+    # train low-rank adapters instead of every weight, merged into the model the SFT hands on (None: full weights)
+    lora: LoraCfg | None = None
 
     @model_validator(mode="after")
     def _decay_needs_a_target(self) -> "SFTCfg":
@@ -192,6 +206,9 @@ class TrainerCfg(_Cfg):
     zero_stage: Literal[2, 3] = 2
     world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each; CPU processes without GPUs); > 1 needs deepspeed
     gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~1/3 more compute
+    # RL trains low-rank adapters on the frozen model it starts from (None: full weights); checkpoints hold the
+    # adapter, and a weight sync sends only the adapter to the engines (rstar2.models.adapter)
+    lora: LoraCfg | None = None
     # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
     # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store;
     # "collective" sends it from rank 0 to every engine worker in buckets (NCCL on GPUs; gloo on CPUs, or shared
@@ -217,6 +234,9 @@ class TrainerCfg(_Cfg):
         if self.kl_coef and self.backend == "deepspeed" and self.zero_stage == 3:
             raise ValueError("trainer.kl_coef > 0 keeps a full reference model per rank, which ZeRO-3 cannot "
                              "partition: use zero_stage 2 or kl_coef 0")
+        if self.lora is not None and self.backend != "torch":
+            raise ValueError("trainer.lora trains adapters with the torch backend (one process, one device): set "
+                             "trainer.backend=torch (a frozen base needs no ZeRO partitioning of optimizer states)")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ValueError(f"trainer.tis_cap must be >= 1 (a cap on an importance weight), got {self.tis_cap}")
         return self
