@@ -32,6 +32,7 @@ uninterrupted run bit for bit (CPU; 1 rank or N DeepSpeed ranks, tests/engine/te
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -45,7 +46,7 @@ import torch
 from rstar2.core import checkpoint, weight_bus
 from rstar2.core.config import TrainerCfg
 from rstar2.core.net import free_port
-from rstar2.models import tools
+from rstar2.models import adapter, tools
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.training import device as dev
 from rstar2.training import grpo, numerics
@@ -63,14 +64,17 @@ STATE_FILE = "trainer_state.pt"
 
 
 class TorchBackend:
-    """Plain torch: fp32 master weights, bf16 autocast where configured, AdamW + warm-up, grad-clip."""
+    """Plain torch: fp32 master weights, bf16 autocast where configured, AdamW + warm-up, grad-clip. With LoRA
+    (`adapted`: the peft wrapper of `model`) the optimizer, the gradient clip and the checkpoint's weights are the
+    adapter's alone (rstar2.models.adapter)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device):
-        self.module, self.cfg, self.device = model, cfg, device
+    def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, adapted=None):
+        self.module, self.cfg, self.device, self.adapted = model, cfg, device, adapted
+        self.params = adapter.trainable(model)  # every weight, or the adapter's under LoRA
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
-        self.opt = adamw(self.module.parameters(), self.cfg.lr, self.cfg.weight_decay, self.device)
+        self.opt = adamw(self.params, self.cfg.lr, self.cfg.weight_decay, self.device)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.cfg))
 
     def forward_starts(self) -> None:
@@ -80,7 +84,7 @@ class TorchBackend:
         loss.backward()
 
     def step(self) -> float:
-        gn = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -93,12 +97,15 @@ class TorchBackend:
         return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
 
     def load_state_dict(self, sd: dict, ckpt_dir: Path) -> None:
-        _load_hf_weights(self.module, ckpt_dir)
+        if self.adapted is not None:
+            adapter.load_weights(self.adapted, ckpt_dir)
+        else:
+            _load_hf_weights(self.module, ckpt_dir)
         self.opt.load_state_dict(sd["optimizer"])
         self.sched.load_state_dict(sd["scheduler"])
 
     def write(self, tmp: Path, rank: int) -> None:
-        self.module.save_pretrained(str(tmp), safe_serialization=True)
+        (self.adapted or self.module).save_pretrained(str(tmp), safe_serialization=True)  # LoRA: the adapter alone
 
 
 def _load_hf_weights(model: torch.nn.Module, ckpt_dir: Path) -> None:
@@ -128,6 +135,7 @@ class PolicyTrainer:
         self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.tokenizer = load_tokenizer(model_dir)
         self.model_dir = model_dir  # its record (rstar2.models.tools) goes into every checkpoint
+        self.adapted = None  # LoRA: the peft wrapper of the model (its adapter is what trains and is saved)
         if cfg.backend == "deepspeed":
             from rstar2.training import deepspeed_backend as dsb
             dsb.init_distributed(rank, world_size, master)
@@ -136,11 +144,12 @@ class PolicyTrainer:
         elif world_size != 1:
             raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
         else:
-            model = load_model(model_dir, self.device, cfg)
-        # KL needs a frozen reference policy: the weights this trainer started from (not under ZeRO-3: see config)
-        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef else None
+            model, self.adapted = load_policy(model_dir, self.device, cfg)
+        # KL needs a frozen reference policy: the weights this trainer started from (not under ZeRO-3: see config);
+        # under LoRA the base with the adapter switched off (`_reference`), no second copy
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef and not self.adapted else None
         self.backend = dsb.DeepSpeedBackend(model, cfg, self.device, rank) if cfg.backend == "deepspeed" \
-            else TorchBackend(model, cfg, self.device)
+            else TorchBackend(model, cfg, self.device, self.adapted)
         self.rng = random.Random(seed)  # mini-batch shuffles: identical on every rank
         self.step = 0  # optimizer steps taken
 
@@ -232,8 +241,8 @@ class PolicyTrainer:
         ones = torch.ones_like(logp)
         loss, st = grpo.policy_loss(logp, old, adv, ones, c.eps_low, c.eps_high, c.dual_clip, n_tok, is_w)
         if c.kl_coef:
-            with torch.no_grad(), dev.autocast(self.device, c.dtype):
-                ref, _ = loss_token_logprobs(self.ref, mb)
+            with torch.no_grad(), dev.autocast(self.device, c.dtype), self._reference() as reference:
+                ref, _ = loss_token_logprobs(reference, mb)
             kl = grpo.kl_penalty(logp, ref, ones, c.kl_estimator, n_tok)
             loss, st["kl"] = loss + c.kl_coef * kl, kl.detach() * n_tok / logp.numel()
         if c.entropy_coef:
@@ -244,6 +253,15 @@ class PolicyTrainer:
         if tis_clipped is not None:
             st["tis_clip_frac"] = tis_clipped
         return loss, st, logp.numel()
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The frozen reference policy: the starting weights' copy, or under LoRA the model with its adapter off."""
+        if self.adapted is None:
+            yield self.ref
+        else:
+            with self.adapted.disable_adapter():
+                yield self.model
 
     @torch.no_grad()
     def _recompute_old(self, b: "_Batch") -> torch.Tensor:
@@ -261,6 +279,8 @@ class PolicyTrainer:
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The current weights for the engines' in-memory sync, on CPU (rank 0; None on other ranks). Collective
         under DeepSpeed: every rank calls it."""
+        if self.adapted is not None:
+            return adapter.payload(self.adapted)  # LoRA: the adapter alone (its config and tensors)
         if isinstance(self.backend, TorchBackend):
             return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return self.backend.full_state_dict()
@@ -322,6 +342,20 @@ def check_logprob_gap(metrics: dict, cap: float | None) -> None:
             f"(trainer.max_logprob_gap {cap:g}): the engines did not sample from the weights the trainer has (a "
             "missed weight sync), or read the tokens another way (dtype, shifted ids). The step stops before its "
             "checkpoint; a retry resumes from the last committed one")
+
+
+def load_policy(model_dir: str, device: torch.device, cfg: TrainerCfg):
+    """The model to train, and its peft wrapper under LoRA (else None): an adapter directory resumes its adapter on its
+    base; with trainer.lora a plain model gets a fresh adapter (drawn from torch's generator). The adapted layers'
+    frozen weights are held in the compute dtype (rstar2.models.adapter)."""
+    resumed = adapter.is_adapter(model_dir)
+    if not resumed and cfg.lora is None:
+        return load_model(model_dir, device, cfg), None
+    base = adapter.base_of(model_dir) if resumed else model_dir
+    model = load_model(base, device, cfg)
+    frozen = getattr(torch, cfg.dtype) if cfg.dtype in ("float32", "bfloat16") else torch.float32
+    adapted = adapter.resume(model, model_dir, frozen) if resumed else adapter.attach(model, cfg.lora, base, frozen)
+    return model, adapted.to(device)
 
 
 def load_model(model_dir: str, device: torch.device, cfg: TrainerCfg | None = None):
