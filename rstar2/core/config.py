@@ -77,7 +77,7 @@ class LoraCfg(_Cfg):
     """Low-rank adapters (LoRA, Hu et al. 2021, with `peft`): W x + (alpha / rank) B A x on each target linear layer,
     A (rank, in) and B (out, rank); the base weights W frozen, only A and B trained (and checkpointed, and sent to the
     engines). B starts at zero, so a fresh adapter serves the base model exactly."""
-    rank: int = Field(16, ge=1)
+    rank: int = Field(16, ge=1, le=512)  # vLLM serves ranks up to 512
     alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / rank
     # module names (the last part of a linear layer's name, e.g. q_proj), or "all-linear": every linear layer but the
     # output head (peft's)
@@ -207,7 +207,7 @@ class TrainerCfg(_Cfg):
     world_size: int = Field(1, ge=1)  # trainer ranks (one GPU each; CPU processes without GPUs); > 1 needs deepspeed
     gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~1/3 more compute
     # RL trains low-rank adapters on the frozen model it starts from (None: full weights); checkpoints hold the
-    # adapter, and a weight sync sends only the adapter to the engines (rstar2.models.adapter)
+    # adapter, and a weight sync sends only the adapter to the engines (rstar2.core.adapter)
     lora: LoraCfg | None = None
     # how new weights reach the engines after an update: "disk" reloads the committed checkpoint (needs a filesystem
     # engines and trainer share); "memory" sends rank 0's gathered state dict through Ray's object store;

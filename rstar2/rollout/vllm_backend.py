@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-from rstar2.core import weight_bus
+import torch
+
+from rstar2.core import adapter, weight_bus
 from rstar2.core.config import RunCfg
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.engine_loop import Weights
@@ -52,16 +55,23 @@ class EngineSpec:
     sleep_mode: bool = False  # colocated with the trainer: `sleep` frees the GPU for the update, `wake_up` refills it
     max_num_seqs: int | None = None  # sequences one step may batch (vLLM's max_num_seqs); None: vLLM's default
     threads: int | None = None  # CPU: the engine's torch threads; None: what its process was given (one in an actor)
+    lora_rank: int | None = None  # serve LoRA adapters up to this rank (None: LoRA off)
+    adapter: str | None = None  # an adapter directory to serve from the start (rstar2.core.adapter)
 
     @classmethod
     def of_run(cls, cfg: RunCfg, model_dir: str, seed: int) -> EngineSpec:
-        """The engine a run's config asks for, the one definition (the run's engines, `solve`)."""
-        return cls(model_dir=model_dir, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
+        """The engine a run's config asks for, the one definition (the run's engines, `solve`). An adapter directory
+        is served as its base model with the adapter enabled; a run with trainer.lora serves LoRA from the start."""
+        lora = cfg.trainer.lora.rank if cfg.trainer.lora else None
+        served = model_dir
+        if adapter.is_adapter(model_dir):
+            served, lora = adapter.base_of(model_dir), max(lora or 0, adapter.rank_of(model_dir))
+        return cls(model_dir=served, max_model_len=cfg.world.max_positions, dtype=cfg.engine.dtype,
                    kv_cache_bytes=cfg.engine.kv_cache_mb * 2**20, seed=seed,
                    gpu_memory_utilization=cfg.engine.gpu_memory_utilization, block_size=cfg.engine.block_size,
                    tensor_parallel_size=cfg.engine.tensor_parallel_size, sleep_mode=cfg.placement.colocate,
                    max_num_seqs=cfg.scheduler.max_inflight,  # the scheduler's seats per engine are vLLM's
-                   threads=cfg.engine.threads)
+                   threads=cfg.engine.threads, lora_rank=lora, adapter=model_dir if served != model_dir else None)
 
 
 class VLLMBackend:
@@ -91,6 +101,8 @@ class VLLMBackend:
         # preempted (largest (priority, arrival)); with every priority 0 it is first come, first served
         if spec.sleep_mode:
             opts["enable_sleep_mode"] = True
+        if spec.lora_rank:  # one adapter at a time: the policy's current one
+            opts.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(spec.lora_rank))
         args = EngineArgs(model=spec.model_dir, tokenizer=spec.model_dir, dtype=spec.dtype, seed=spec.seed,
                           max_model_len=spec.max_model_len, enforce_eager=True,
                           tensor_parallel_size=spec.tensor_parallel_size,
@@ -101,6 +113,11 @@ class VLLMBackend:
         # bare engine's are 128 / 2048)
         self.engine = LLMEngine.from_engine_args(args, UsageContext.LLM_CLASS, stat_loggers=[_stat_sink(self)])
         self.stop_ids = ChatFormat.load(spec.model_dir).stop_token_ids  # the template's end of turn, not eos
+        self.lora = None  # the adapter every request is served with (a vllm LoRARequest), if any
+        self._adapters = 0  # adapters loaded so far: each one's id (vLLM caches adapters by id)
+        self._sent: Path | None = None  # where adapters sent in memory are written for vLLM to load
+        if spec.adapter:
+            self._use_adapter(spec.adapter)
 
     def add(self, rid, prompt, max_tokens, temperature, top_p, seed=None, priority=0, logprobs=False):
         from vllm import SamplingParams, TokensPrompt
@@ -112,7 +129,8 @@ class VLLMBackend:
                                 stop_token_ids=self.stop_ids, skip_special_tokens=False, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY, logprobs=0 if logprobs else None,
                                 flat_logprobs=True)
-        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority)
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params, priority=priority,
+                                lora_request=self.lora)
 
     def step(self):
         return [(o.request_id, list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop",
@@ -122,6 +140,13 @@ class VLLMBackend:
         self.engine.abort_request(rids)
 
     def reload(self, weights: Weights) -> None:
+        """New weights: an adapter (a directory, or one sent in memory: rstar2.core.adapter.payload) replaces the one
+        served, on the same base; full weights replace the model's and switch any adapter off."""
+        if isinstance(weights, str) and adapter.is_adapter(weights):
+            return self._use_adapter(weights)
+        if isinstance(weights, dict) and adapter.is_payload(weights):
+            return self._use_adapter(str(self._write_sent(weights)))
+        self._drop_adapter()
         if isinstance(weights, weight_bus.Incoming):  # every worker receives its own copy from the group
             self.engine.collective_rpc(_receive_weights, args=(weights,))
         else:
@@ -132,13 +157,45 @@ class VLLMBackend:
         self.engine.collective_rpc(_repack_cpu_lm_head)
         self.engine.reset_prefix_cache()
 
+    def _use_adapter(self, adapter_dir: str) -> None:
+        """Serve every later request with the adapter in `adapter_dir`: loaded (and checked against the base) first,
+        then the previous one removed; the prefix cache is dropped (its KV was computed with the old adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.engine.vllm_config.lora_config:
+            raise ValueError(f"{adapter_dir} is a LoRA adapter, and this engine was started without LoRA: start it "
+                             "from the adapter directory, or with trainer.lora set")
+        self._adapters += 1
+        new = LoRARequest(f"adapter-{self._adapters}", self._adapters, str(adapter_dir))
+        self.engine.add_lora(new)
+        self._drop_adapter()
+        self.lora = new
+
+    def _drop_adapter(self) -> None:
+        if self.lora is not None:
+            self.engine.remove_lora(self.lora.lora_int_id)
+            self.lora = None
+            self.engine.reset_prefix_cache()
+
+    def _write_sent(self, payload: dict) -> Path:
+        """An adapter sent in memory as the directory vLLM loads (megabytes), replacing the one written before."""
+        import shutil
+        import tempfile
+
+        if self._sent is None:
+            self._sent = Path(tempfile.mkdtemp(prefix="rstar2-adapters-"))
+        for old in self._sent.iterdir():
+            shutil.rmtree(old)
+        return adapter.write(payload, self._sent / f"v{self._adapters + 1}")
+
     def reset_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
     def fingerprint(self) -> tuple[str, str | None]:
         """(dtype, fingerprint) of the weights the model holds, read back from every worker (tensor-parallel ranks
-        each hold the whole of the tensors fingerprinted)."""
-        prints = self.engine.collective_rpc(_fingerprint)
+        each hold the whole of the tensors fingerprinted); with an adapter served, the adapter's as vLLM holds it."""
+        prints = self.engine.collective_rpc(_adapter_fingerprint, args=(self.lora.lora_int_id,)) if self.lora \
+            else self.engine.collective_rpc(_fingerprint)
         if len(set(prints)) > 1:
             raise RuntimeError(f"the engine's workers hold different weights: {prints}")
         return prints[0]
@@ -204,6 +261,30 @@ def _fingerprint(worker) -> tuple[str, str | None]:
     from rstar2.core import fingerprint
 
     return fingerprint.of_model(worker.model_runner.model)
+
+
+def _adapter_fingerprint(worker, lora_id: int) -> tuple[str, str | None]:
+    """The served adapter's fingerprint (rstar2.core.adapter.fingerprint) from vLLM's own copy: its packed layers
+    (qkv_proj, gate_up_proj) unpacked to the names they were trained under, B as vLLM scaled it."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    loaded, packed = manager.get_adapter(lora_id), manager.packed_modules_mapping
+    if loaded is None:  # the adapter requests name is not there: nothing served matches any checkpoint
+        return str(worker.model_runner.lora_config.lora_dtype).removeprefix("torch."), None
+    triples = []
+    for name, w in loaded.loras.items():
+        if isinstance(w.lora_a, list):
+            prefix, _, layer = name.rpartition(".")
+            triples += [(f"{prefix}.{sub}", a, b) for sub, a, b in zip(packed[layer], w.lora_a, w.lora_b)
+                        if a is not None]
+        else:
+            triples.append((name, w.lora_a, w.lora_b))
+    dtype = triples[0][1].dtype if triples else torch.float32
+    return str(dtype).removeprefix("torch."), adapter.fingerprint(triples, dtype)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM can be started with that serves adapters of `rank` (its max_lora_rank choices)."""
+    return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)
 
 
 def _receive_weights(worker, sync: weight_bus.Incoming) -> None:

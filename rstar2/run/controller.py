@@ -65,7 +65,8 @@ class Controller:
 
     @property
     def last_sync(self) -> dict:
-        """The last sync's figures: a collective one's (rstar2.core.weight_bus.send)."""
+        """The last sync's figures: sync_bytes and sync_model_bytes (rstar2.run.weight_sync), and a collective one's
+        buckets (rstar2.core.weight_bus.send)."""
         return self.sync.last
 
     @property
@@ -146,7 +147,7 @@ class Controller:
 
     def sync_trained(self, ckpt_dir: str) -> str:
         """After `save(ckpt_dir)`: every engine takes the trainer's new weights (trainer.weight_sync:
-        rstar2.run.weight_sync); `last_sync` holds this sync's figures (collective only)."""
+        rstar2.run.weight_sync); `last_sync` holds this sync's figures."""
         return self.sync.trained(ckpt_dir)
 
     # --- trainer

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import ray
 from ray.exceptions import RayActorError
 
-from rstar2.core import fingerprint
+from rstar2.core import adapter, fingerprint
 from rstar2.core.config import RunCfg
 from rstar2.core.fingerprint import WeightSyncError
 from rstar2.rollout import cluster, placement
@@ -130,12 +130,25 @@ class EngineActors:
         if not self.fingerprints_comparable:
             return
         served = ray.get([e.fingerprint.remote() for e in self.handles])  # [(dtype, fingerprint)]
-        want = {dtype: fingerprint.of_checkpoint(model_dir, dtype) for dtype in {d for d, _ in served}}
+        want = {dtype: _expected(model_dir, dtype) for dtype in {d for d, _ in served}}
+        if adapter.is_adapter(model_dir) and not all(adapter.comparable(want[d], fp) for d, fp in served if fp):
+            # vLLM named this model family's layers otherwise (a weights mapper): values cannot be matched by name
+            self.fingerprints_comparable = False
+            log.warning("adapter fingerprints are not comparable for this model (%s against %s), so not checked",
+                        served, want)
+            return
         wrong = [f"engine {i} {fp}" for i, (dtype, fp) in enumerate(served) if want[dtype] not in (None, fp)]
         if wrong:
             raise WeightSyncError(f"after loading {model_dir}: {', '.join(wrong)} against the checkpoint's "
                                   f"{', '.join(f'{v} ({k})' for k, v in want.items())}; the weights did not reach "
                                   "them (rstar2.core.fingerprint)")
+
+
+def _expected(model_dir: str, dtype: str) -> str | None:
+    """The fingerprint an engine of `dtype` serving `model_dir` holds: its adapter's, or its weights'."""
+    if adapter.is_adapter(model_dir):
+        return adapter.fingerprint_of_dir(model_dir, dtype)
+    return fingerprint.of_checkpoint(model_dir, dtype)
 
 
 def _spawn(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.Placement):

@@ -5,6 +5,11 @@ Trainer model states (weights, gradients, optimizer) come from DeepSpeed's own e
 or 16 bytes a parameter for the one-process torch backend (fp32 weights, gradients and AdamW's two moments).
 Activations and the engines' KV cache are counted from the architecture (formulas below). The parameter count is
 the real model's, built on the meta device from its config (no weights read).
+
+With trainer.lora (torch backend) the trainer holds a frozen base (the adapted linear layers in the compute dtype,
+every other weight in fp32, no gradients, no optimizer state) and trains adapters at 16 bytes a parameter; the
+reference policy is the base with the adapter disabled (no second model); each engine adds vLLM's LoRA buffers.
+tests/unit/test_plan.py measures these figures on a peft-wrapped model after one AdamW step.
 """
 
 from __future__ import annotations
@@ -14,19 +19,38 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from rstar2.core.config import RunCfg
+from rstar2.core.config import LoraCfg, RunCfg
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4, "auto": 2}
 PROMPT_TOKENS = 1024  # a prompt's share of a sequence, beside its response budget (the system prompt and problem)
 ENGINE_RESERVE = 1 * GIB  # vLLM's own runtime beside weights and KV (CUDA graphs off, allocator slack)
 TORCH_STATE_BYTES = 16  # torch backend: fp32 weights + gradients + AdamW exp_avg and exp_avg_sq, per parameter
+FROZEN_FP32_BYTES = 4  # a LoRA run's base weights outside the adapted layers (embeddings, norms, LM head): fp32
+# vLLM's tensor-parallel linears whose input (not output) is split over the ranks (RowParallelLinear) in Llama- and
+# Qwen-family models; every other linear layer is column-parallel (qkv_proj, gate_up_proj: the output split)
+ROW_PARALLEL = ("o_proj", "down_proj")
+ENGINE_BATCHED_TOKENS = 16384  # vLLM's max_num_batched_tokens for the offline LLM class on a >= 70 GB GPU
+# vLLM's punica wrapper (LoRA kernels' metadata), per batched token: 4 int64 index tensors (PunicaWrapperBase) and
+# 2 LoRAKernelMeta of 2 int32 token maps each (PunicaWrapperGPU)
+PUNICA_BYTES_PER_TOKEN = 4 * 8 + 2 * 2 * 4
 
 
 class PlanError(ValueError):
     """A run that does not fit its hardware, or whose model shape is unknown."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One nn.Linear of the model: its name as peft sees it (model.layers.0.self_attn.q_proj), its fan-in and
+    fan-out, and its own parameters (weight and bias)."""
+    name: str
+    fan_in: int
+    fan_out: int
+    params: int
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,8 @@ class Shape:
     head_dim: int
     ffn: int
     vocab: int
+    linears: tuple[Linear, ...] = ()  # every nn.Linear of the model, in module order
+    output_head: str = ""  # the LM head's module name (peft's "all-linear" leaves it out)
 
 
 @dataclass
@@ -84,14 +110,73 @@ def shape(mc: PretrainedConfig) -> Shape:
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
+    linears = tuple(Linear(name, m.in_features, m.out_features, sum(p.numel() for p in m.parameters(recurse=False)))
+                    for name, m in model.named_modules() if isinstance(m, nn.Linear))
+    head = model.get_output_embeddings()
+    head_name = next((name for name, m in model.named_modules() if m is head), "")
     return Shape(params, largest, mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads * head_dim,
                  getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads, head_dim, mc.intermediate_size,
-                 mc.vocab_size)
+                 mc.vocab_size, linears, head_name)
+
+
+def compute_bytes(cfg: RunCfg) -> int:
+    """Bytes of one value in the trainer's compute dtype; "auto" (settled when the run starts) is planned at fp32,
+    the wider of the two it may become."""
+    return 4 if cfg.trainer.dtype == "auto" else DTYPE_BYTES[cfg.trainer.dtype]
+
+
+def _peft_matches(name: str, target: str) -> bool:
+    """peft's rule for a list of target_modules (check_target_module_exists): the module's full name is the target,
+    or ends in "." + target (so "q_proj" matches model.layers.0.self_attn.q_proj)."""
+    return name == target or name.endswith(f".{target}")
+
+
+def lora_targets(s: Shape, lora: LoraCfg) -> tuple[Linear, ...]:
+    """The linear layers peft adapts. "all-linear": every nn.Linear but the LM head (peft's
+    _maybe_include_all_linear_layers), i.e. the decoder layers' projections; a list: each linear layer matched by a
+    name in it (_peft_matches). A listed name that matches no linear layer is a PlanError (a typo would otherwise
+    train, and plan, fewer layers than meant)."""
+    if lora.targets == "all-linear":
+        return tuple(lin for lin in s.linears if lin.name != s.output_head)
+    missing = [t for t in lora.targets if not any(_peft_matches(lin.name, t) for lin in s.linears)]
+    if missing:
+        names = sorted({lin.name.rsplit(".", 1)[-1] for lin in s.linears})
+        raise PlanError(f"trainer.lora.targets {missing} name no linear layer of the model (its linear layers: "
+                        f"{', '.join(names)}; or \"all-linear\")")
+    return tuple(lin for lin in s.linears if any(_peft_matches(lin.name, t) for t in lora.targets))
+
+
+def lora_params(targets: tuple[Linear, ...], rank: int) -> int:
+    """Adapter parameters: A (rank x fan_in) and B (fan_out x rank) per adapted layer = rank x sum(fan_in + fan_out)
+    (what peft's get_nb_trainable_parameters() counts)."""
+    return rank * sum(lin.fan_in + lin.fan_out for lin in targets)
+
+
+def frozen_base_bytes(s: Shape, targets: tuple[Linear, ...], cfg: RunCfg) -> int:
+    """A LoRA run's frozen base on the trainer: the adapted layers' weights and biases in the compute dtype, every
+    other parameter (embeddings, norms, LM head) in fp32; no gradients, no optimizer state:
+    compute_bytes x adapted + 4 x (params - adapted)."""
+    adapted = sum(lin.params for lin in targets)
+    return compute_bytes(cfg) * adapted + FROZEN_FP32_BYTES * (s.params - adapted)
+
+
+def adapter_states_deepspeed_bytes(adapter_params: int) -> int:
+    """DeepSpeed's ZeRO-2 estimator for the adapters alone on one GPU: 20 bytes a parameter (16-bit weights and
+    gradients beside fp32 gradients, master weights and Adam's two moments). The torch backend keeps no 16-bit
+    copies (bf16 autocast casts on the fly): 16 bytes, 4 fewer."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    _, gpu = estimate_zero2_model_states_mem_needs(adapter_params, num_gpus_per_node=1, cpu_offload=False)
+    return gpu
 
 
 def model_states_bytes(s: Shape, cfg: RunCfg) -> int:
-    """Weights, gradients and optimizer state on one trainer rank (DeepSpeed's estimator, no CPU offload)."""
+    """Weights, gradients and optimizer state on one trainer rank (DeepSpeed's estimator, no CPU offload). LoRA: the
+    frozen base plus 16 bytes per adapter parameter (fp32 weight, gradient, exp_avg, exp_avg_sq)."""
     t = cfg.trainer
+    if t.lora is not None:
+        targets = lora_targets(s, t.lora)
+        return frozen_base_bytes(s, targets, cfg) + TORCH_STATE_BYTES * lora_params(targets, t.lora.rank)
     if t.backend == "torch":
         return TORCH_STATE_BYTES * s.params
     if t.zero_stage == 3:
@@ -111,18 +196,23 @@ def activation_bytes(s: Shape, cfg: RunCfg, checkpointing: bool) -> int:
     attention, so no sequence-squared term) the two norms' inputs and outputs (4h), q, k, v before and after RoPE and
     the attention output (3 q_dim + 4 kv_dim), and the SwiGLU MLP's gate, up, act(gate) and product (4 ffn), in the
     compute dtype. With checkpointing a layer keeps its input (h) and one layer at a time is rebuilt. The LM head adds
-    its logits in the compute dtype, their fp32 copy for the log-softmax and its gradient (vocab x (b + 8))."""
-    b = 4 if cfg.trainer.dtype == "auto" else DTYPE_BYTES[cfg.trainer.dtype]  # auto: planned at the wider dtype
+    its logits in the compute dtype, their fp32 copy for the log-softmax and its gradient (vocab x (b + 8)). LoRA
+    adds to a layer the rank-sized intermediate A x that B keeps, per adapted linear of that layer (rank x b each)."""
+    b = compute_bytes(cfg)
     tokens = cfg.trainer.micro_batch_tokens
     per_layer = b * (4 * s.hidden + 3 * s.q_dim + 4 * s.kv_heads * s.head_dim + 4 * s.ffn)
+    if cfg.trainer.lora is not None:
+        adapted_per_layer = -(-len(lora_targets(s, cfg.trainer.lora)) // s.layers)
+        per_layer += b * cfg.trainer.lora.rank * adapted_per_layer
     layers = (s.layers * b * s.hidden + per_layer) if checkpointing else s.layers * per_layer
     return tokens * (layers + s.vocab * (b + 8))
 
 
 def reference_bytes(s: Shape, cfg: RunCfg) -> int:
-    """The frozen reference policy (kl_coef > 0): its weights in the compute dtype, partitioned under ZeRO-3."""
+    """The frozen reference policy (kl_coef > 0): its weights in the compute dtype, partitioned under ZeRO-3. None
+    under LoRA: the reference is the trainer's own base with the adapter disabled."""
     t = cfg.trainer
-    if t.kl_coef <= 0:
+    if t.kl_coef <= 0 or t.lora is not None:
         return 0
     shards = t.world_size if t.backend == "deepspeed" and t.zero_stage == 3 else 1
     return DTYPE_BYTES[t.dtype] * s.params // shards
@@ -133,6 +223,29 @@ def kv_bytes_per_token(s: Shape, cfg: RunCfg) -> int:
     (replicating them when there are fewer heads than ranks)."""
     heads = max(1, s.kv_heads // cfg.engine.tensor_parallel_size)
     return 2 * s.layers * heads * s.head_dim * DTYPE_BYTES[cfg.engine.dtype]
+
+
+def engine_lora_bytes(s: Shape, cfg: RunCfg) -> int:
+    """vLLM's LoRA buffers on one GPU of an engine (enable_lora, max_loras = 1 slot, max_lora_rank = r, in the
+    engine's dtype; vllm/lora/layers, allocated when the model loads, before the KV cache is sized):
+      - every linear layer but the head (the engine is given no target_modules, so vLLM wraps all it supports,
+        whatever the trainer's targets): lora_a_stacked r x in and lora_b_stacked out x r per output slice (qkv_proj
+        holds q, k and v as 3 slices, gate_up_proj 2: the same sizes as peft's separate layers); column-parallel
+        layers split out over the TP ranks, row-parallel ones (ROW_PARALLEL) split in:
+        r x (in + out / tp) or r x (in / tp + out);
+      - the input embedding (VocabParallelEmbeddingWithLoRA: vocab x r and hidden x r) and the LM head
+        (LogitsProcessorWithLoRA: r x hidden and vocab x r), unsplit: 2 r (vocab + hidden). Counted for every model
+        (Qwen3 and Llama declare them in embedding_modules; a model that does not, e.g. Qwen2, holds less);
+      - the punica wrapper's index tensors: PUNICA_BYTES_PER_TOKEN x ENGINE_BATCHED_TOKENS (~0.8 MB).
+    The LoRA kernels' fp32 scratch (slices x tokens x r per layer call) is transient, within ENGINE_RESERVE."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return 0
+    r, tp = lora.rank, cfg.engine.tensor_parallel_size
+    linears = sum(r * (lin.fan_in // tp + lin.fan_out) if lin.name.rsplit(".", 1)[-1] in ROW_PARALLEL
+                  else r * (lin.fan_in + lin.fan_out // tp) for lin in s.linears if lin.name != s.output_head)
+    embeddings = 2 * r * (s.vocab + s.hidden)
+    return (linears + embeddings) * DTYPE_BYTES[cfg.engine.dtype] + PUNICA_BYTES_PER_TOKEN * ENGINE_BATCHED_TOKENS
 
 
 def sequence_tokens(cfg: RunCfg) -> int:
@@ -163,20 +276,37 @@ def plan(cfg: RunCfg, gpus: int | None = None, gpu_mem_gb: float | None = None) 
     act = activation_bytes(s, cfg, t.gradient_checkpointing)
     trainer = states + ref + act
     weights = s.params * DTYPE_BYTES[e.dtype] // e.tensor_parallel_size
+    engine_lora = engine_lora_bytes(s, cfg)
     kv_token, seq = kv_bytes_per_token(s, cfg), sequence_tokens(cfg)
     figures = {"params": s.params, "largest_layer_params": s.largest_layer, "trainer_model_states_gb": states / GIB,
                "trainer_reference_gb": ref / GIB, "trainer_activations_gb": act / GIB,
                "trainer_activations_other_gb": activation_bytes(s, cfg, not t.gradient_checkpointing) / GIB,
                "trainer_gb": trainer / GIB, "engine_weights_gb": weights / GIB,
                "kv_bytes_per_token": kv_token, "sequence_tokens": seq, "rollouts_per_engine": rollouts_per_engine(cfg)}
-    devices = _cpu(cfg, figures, trainer, weights) if gpus == 0 else _gpu(cfg, figures, gpus, mem, trainer, weights)
+    if t.lora is not None:
+        figures.update(lora_figures(s, cfg), engine_lora_gb=engine_lora / GIB)
+    static = weights + engine_lora  # what an engine holds before its KV cache
+    devices = _cpu(cfg, figures, trainer, static) if gpus == 0 else _gpu(cfg, figures, gpus, mem, trainer, static)
     return {"gpus": gpus, "gpu_mem_gb": mem, "figures": figures, "devices": [asdict(d) for d in devices],
             "fits": all(d.fits for d in devices)}
 
 
-def _cpu(cfg: RunCfg, f: dict, trainer: int, weights: int) -> list[Device]:
+def lora_figures(s: Shape, cfg: RunCfg) -> dict:
+    """A LoRA run's trainer figures: what it adapts, its frozen base and adapter states, and DeepSpeed's estimator
+    for the same adapters beside them (trainer_model_states_gb = frozen base + adapter states)."""
+    lora = cfg.trainer.lora
+    targets = lora_targets(s, lora)
+    n = lora_params(targets, lora.rank)
+    return {"lora_rank": lora.rank, "lora_adapted_layers": len(targets), "lora_params": n,
+            "trainer_frozen_base_gb": frozen_base_bytes(s, targets, cfg) / GIB,
+            "trainer_adapter_states_gb": TORCH_STATE_BYTES * n / GIB,
+            "trainer_adapter_states_deepspeed_gb": adapter_states_deepspeed_bytes(n) / GIB}
+
+
+def _cpu(cfg: RunCfg, f: dict, trainer: int, engine_static: int) -> list[Device]:
+    """One machine's RAM holds the trainer and every engine (weights, LoRA buffers and its kv_cache_mb)."""
     e = cfg.engine
-    engines = e.num_engines * (weights + e.kv_cache_mb * 2**20)
+    engines = e.num_engines * (engine_static + e.kv_cache_mb * 2**20)
     need, have = (trainer + engines) / GIB, host_mem_gb()
     f["kv_capacity_tokens"] = e.kv_cache_mb * 2**20 // f["kv_bytes_per_token"]
     ok = f["kv_capacity_tokens"] >= f["sequence_tokens"]
@@ -185,18 +315,20 @@ def _cpu(cfg: RunCfg, f: dict, trainer: int, weights: int) -> list[Device]:
                    + ("" if ok else f"; KV holds {f['kv_capacity_tokens']} tokens < one sequence"))]
 
 
-def _gpu(cfg: RunCfg, f: dict, gpus: int, mem: float, trainer: int, weights: int) -> list[Device]:
+def _gpu(cfg: RunCfg, f: dict, gpus: int, mem: float, trainer: int, engine_static: int) -> list[Device]:
+    """Per GPU: an engine's weights and LoRA buffers (engine_static), its runtime and KV cache within
+    gpu_memory_utilization; the trainer's ranks on GPUs of their own or, colocated, on the engines' GPUs."""
     e, t, p = cfg.engine, cfg.trainer, cfg.placement
     engine_gpus = e.num_engines * e.tensor_parallel_size
     util = e.gpu_memory_utilization or 0.9
     budget = util * mem * GIB  # vLLM sizes its KV cache to fill this share of the GPU
-    kv_free = budget - weights - ENGINE_RESERVE
+    kv_free = budget - engine_static - ENGINE_RESERVE
     f["kv_capacity_tokens"] = max(0, int(kv_free // f["kv_bytes_per_token"]))
     f["concurrent_sequences"] = f["kv_capacity_tokens"] // f["sequence_tokens"]
     kv_ok = f["concurrent_sequences"] >= 1
     kv_note = (f"KV {f['kv_capacity_tokens']:,} tokens = {f['concurrent_sequences']} x {f['sequence_tokens']}-token "
                f"sequences (asked {f['rollouts_per_engine']} at once)")
-    eng_need = (weights + ENGINE_RESERVE) / GIB
+    eng_need = (engine_static + ENGINE_RESERVE) / GIB
     if p.colocate:
         # engines sleep (weights to CPU, KV freed) while the trainer updates; its model states stay resident meanwhile
         n = max(engine_gpus, t.world_size)

@@ -9,16 +9,22 @@
 
 No file is read on the memory and collective paths. Every path ends with the engines' weights checked against the
 checkpoint's (rstar2.run.engine_actors: fingerprints).
+
+Under LoRA (trainer.lora) only the adapter travels, megabytes: from the checkpoint (disk), or as the trainer's adapter
+through the object store (memory, and collective too: a bus buys nothing for so little), and each engine serves its
+base with the new adapter (rstar2.rollout.vllm_backend); the check is the adapter's fingerprint. `last` holds every
+sync's `sync_bytes` (the weights or adapter moved to each engine) beside `sync_model_bytes` (the whole model's).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import ray
 from ray.exceptions import RayActorError
 
-from rstar2.core import weight_bus
+from rstar2.core import adapter, weight_bus
 from rstar2.core.config import RunCfg
 from rstar2.run.actors import alive, on_gpus
 from rstar2.run.engine_actors import EngineActors
@@ -46,15 +52,19 @@ class WeightSync:
 
     def trained(self, ckpt_dir: str) -> str:
         """After the trainer saved `ckpt_dir`: every engine takes its new weights; `ckpt_dir`."""
-        self.last = {}
+        self.last = {"sync_bytes": weights_bytes(ckpt_dir), "sync_model_bytes": self._model_bytes(ckpt_dir)}
         if self.mode == "disk":
             return self.engines.load(ckpt_dir)
-        if self.mode == "collective":
+        if self.mode == "collective" and not adapter.is_adapter(ckpt_dir):
             self._broadcast(ckpt_dir)
         else:
             self._send_by_object_store(ckpt_dir)
         self.engines.took(ckpt_dir)
         return ckpt_dir
+
+    def _model_bytes(self, ckpt_dir: str) -> int:
+        """The whole model's weights as saved (an adapter's base's)."""
+        return weights_bytes(adapter.base_of(ckpt_dir)) if adapter.is_adapter(ckpt_dir) else weights_bytes(ckpt_dir)
 
     def _send_by_object_store(self, ckpt_dir: str) -> None:
         weights = self.trainer.handle.full_state_dict.remote()
@@ -77,7 +87,7 @@ class WeightSync:
                  for i, e in enumerate(self.engines.handles)]
         sent = self.trainer.handle.broadcast_weights.remote(bus, key)
         try:
-            self.last = ray.get(sent)
+            self.last.update(ray.get(sent))
             ray.get(loads)
         except Exception as e:  # noqa: BLE001 - sorted here: the trainer's death goes up, the rest is recovered
             self.bus = None
@@ -95,3 +105,10 @@ class WeightSync:
         return weight_bus.Bus(host, port, size=1 + len(self.engines.handles) * cfg.engine.tensor_parallel_size,
                               backend="nccl" if on_gpus(cfg) else "gloo",
                               bucket_bytes=cfg.trainer.sync_bucket_mb * 2**20, dtype=dtype)
+
+
+def weights_bytes(model_dir: str) -> int:
+    """The bytes of a model directory's weights files (safetensors), or of an adapter directory's adapter."""
+    if adapter.is_adapter(model_dir):
+        return adapter.nbytes(model_dir)
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))

@@ -43,10 +43,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from rstar2.core import checkpoint, weight_bus
+from rstar2.core import adapter, checkpoint, weight_bus
 from rstar2.core.config import TrainerCfg
 from rstar2.core.net import free_port
-from rstar2.models import adapter, tools
+from rstar2.models import tools
 from rstar2.rollout.chat import load_tokenizer
 from rstar2.training import device as dev
 from rstar2.training import grpo, numerics
@@ -66,7 +66,7 @@ STATE_FILE = "trainer_state.pt"
 class TorchBackend:
     """Plain torch: fp32 master weights, bf16 autocast where configured, AdamW + warm-up, grad-clip. With LoRA
     (`adapted`: the peft wrapper of `model`) the optimizer, the gradient clip and the checkpoint's weights are the
-    adapter's alone (rstar2.models.adapter)."""
+    adapter's alone (rstar2.core.adapter)."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, adapted=None):
         self.module, self.cfg, self.device, self.adapted = model, cfg, device, adapted
@@ -347,7 +347,7 @@ def check_logprob_gap(metrics: dict, cap: float | None) -> None:
 def load_policy(model_dir: str, device: torch.device, cfg: TrainerCfg):
     """The model to train, and its peft wrapper under LoRA (else None): an adapter directory resumes its adapter on its
     base; with trainer.lora a plain model gets a fresh adapter (drawn from torch's generator). The adapted layers'
-    frozen weights are held in the compute dtype (rstar2.models.adapter)."""
+    frozen weights are held in the compute dtype (rstar2.core.adapter)."""
     resumed = adapter.is_adapter(model_dir)
     if not resumed and cfg.lora is None:
         return load_model(model_dir, device, cfg), None

@@ -18,7 +18,7 @@ Inside the library the folders stack the same way, each importing only itself an
     rollout/     engines, the agent loop, chat templates, trajectories
     data/        problem tables: schema, layouts, cleaning, answer parsing
     sandbox/     isolated code execution
-    core/        config, layout, atomic commits and checkpoints, tracking, progress, weight bus
+    core/        config, layout, atomic commits and checkpoints, tracking, progress, weight bus, LoRA adapters
 """
 
 import ast

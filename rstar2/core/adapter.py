@@ -119,6 +119,10 @@ def payload(wrapped) -> dict:
     return {"config": json.loads(json.dumps(cfg, default=list)), "tensors": state_dict(wrapped)}
 
 
+def is_payload(value) -> bool:
+    return isinstance(value, dict) and value.keys() == {"config", "tensors"}
+
+
 def write(payload_: dict, out: str | Path) -> Path:
     """An adapter sent as `payload` written as peft's directory (an engine loads adapters from a directory)."""
     from safetensors.torch import save_file
