@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
-from rstar2.core import checkpoint
-from rstar2.core.config import RunCfg
+from rstar2.core import adapter, checkpoint
+from rstar2.core.config import LoraCfg, RunCfg
 from rstar2.core.progress import bar
 from rstar2.models import tools
 from rstar2.rollout.chat import ChatFormat
@@ -105,19 +105,23 @@ def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Ra
 def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
           warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
           weight_decay: float = 0.01, min_lr_frac: float = 0.0, decay_frac: float = 1.0,
-          decay_at_loss: float | None = None,
+          decay_at_loss: float | None = None, lora: LoraCfg | None = None,
           on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
-    and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics."""
+    and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics.
+    `lora`: only low-rank adapters train (the base frozen, in fp32), merged into the weights saved."""
     torch.manual_seed(seed)
     chat = ChatFormat.load(model_dir)
     tok = chat.tokenizer
     dv = dev.pick(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
+    adapted = adapter.attach(model, lora, str(model_dir)).to(dv) if lora else None
     ids, masks = tokenize(chat, transcripts.read(data))
     res = fit(model, ids, masks, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_frac=warmup_frac, seed=seed,
               packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok), weight_decay=weight_decay,
               min_lr_frac=min_lr_frac, decay_frac=decay_frac, decay_at_loss=decay_at_loss, on_progress=on_progress)
+    if adapted is not None:
+        model = adapted.merge_and_unload()  # W + (alpha / rank) B A: a plain model again
     model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
@@ -147,7 +151,8 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
     openings = shared_openings(ids, masks) if packed else None
     total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
     decay = max(1, int(total * decay_frac))
-    opt = optim.adamw(model.parameters(), lr, weight_decay, dv, betas=(0.9, 0.95))
+    params = adapter.trainable(model)  # every weight, or a LoRA adapter's
+    opt = optim.adamw(params, lr, weight_decay, dv, betas=(0.9, 0.95))
     warm = max(1, int(total * warmup_frac))
     multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=total - decay)
     model.train()
@@ -163,7 +168,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             loss = -logp.mean() if logp.numel() else logp.sum()  # mean over assistant tokens
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             for group in opt.param_groups:
                 group["lr"] = lr * multiplier(step)
             opt.step()
@@ -197,7 +202,7 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
                     warmup_frac=s.warmup_frac, weight_decay=s.weight_decay, min_lr_frac=s.min_lr_frac,
                     decay_frac=s.decay_frac, decay_at_loss=s.target_loss if s.decay_at_target else None,
                     seed=cfg.seed + len(cycles), packed=s.packed, device=cfg.trainer.device, dtype=cfg.trainer.dtype,
-                    on_progress=progress)
+                    lora=s.lora, on_progress=progress)
         cycles.append(res)
         if s.target_loss is None or res.final_loss <= s.target_loss or len(cycles) == s.max_cycles:
             break

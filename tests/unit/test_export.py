@@ -71,3 +71,28 @@ def test_what_is_not_a_model_is_refused_naming_what_it_lacks(run_checkpoint, tmp
     with pytest.raises(ValueError, match="bare: the tokenizer has no usable chat template"):
         export.export(bare, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lora_checkpoint_is_exported_merged_into_its_base(tmp_path):
+    """A LoRA run's checkpoint holds the adapter alone: the export is base + adapter as one plain model directory
+    (transformers loads it; its logits are the trainer's to fp32 rounding of the merge)."""
+    init = build.build(config.load("tiny", TINY), tmp_path / "world")["init_model"]
+    tr = PolicyTrainer(init, TrainerCfg(device="cpu", lr=5e-2, warmup_steps=1, lora=config.LoraCfg(rank=4, alpha=8)))
+    for p in tr.model.parameters():  # an adapter that moved (B is zero when fresh)
+        if p.requires_grad:
+            p.data.normal_(0, 0.05)
+    src = Path(tr.save(str(tmp_path / "run" / "step-0001"), {"step": 1}))
+    assert not (src / "config.json").is_file()  # the adapter and the tokenizer, no weights of the model
+    out = export.export(src, tmp_path / "hf")
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert not any(n.startswith("adapter_") for n in names)
+    ids = torch.tensor([load(src)("Compute 12 * 7.")["input_ids"]])
+    with torch.no_grad():
+        trained = tr.model(input_ids=ids).logits
+    assert torch.allclose(_logits(out, ids), trained, atol=1e-5) and not torch.allclose(_logits(init, ids), trained)
+    cfg = json.loads((src / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone")
+    (src / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="base model .*gone.* is not a model directory"):
+        export.export(src, tmp_path / "hf2")

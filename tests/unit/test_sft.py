@@ -52,6 +52,23 @@ def test_rstar2_sft_trains_a_chat_model_and_writes_a_loadable_model(tmp_path, qw
     assert not torch.equal(model.model.embed_tokens.weight.detach(), before)
 
 
+@pytest.mark.e2e
+def test_sft_with_lora_trains_adapters_only_and_saves_them_merged(tmp_path, qwen_model_dir):
+    """sft.lora: the base frozen, only the adapters train; the model saved is base + adapter merged, a plain HF
+    directory: layers with adapters moved, those without (embeddings, norms) are the base's bit for bit."""
+    data, out = tmp_path / "sft.jsonl", tmp_path / "out"
+    transcripts.write(_rows(8), data)
+    res = _sft(tmp_path, qwen_model_dir, data, out, "sft.epochs=2", "sft.batch_tokens=512", "sft.lr=1e-2",
+               "sft.lora={rank: 8, alpha: 16, targets: [q_proj, v_proj, down_proj]}")
+    assert res.exit_code == 0, res.output
+    assert not (out / "adapter_config.json").exists()
+    before, after = load_file(str(qwen_model_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")) for k in moved)
+    assert AutoModelForCausalLM.from_pretrained(str(out)) is not None
+
+
 def test_rstar2_sft_refuses_bad_input_with_one_clear_error(tmp_path, qwen_model_dir):
     data = tmp_path / "bad.jsonl"
     good = json.dumps(_rows(1)[0])
