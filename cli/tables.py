@@ -102,11 +102,23 @@ def plan_tables(res: dict, preset: str) -> list[Table]:
                         f"(largest layer {f['largest_layer_params'] / 1e6:.0f} M)")
     for col in ("per device", "GB"):
         sizes.add_column(col, justify="right" if col == "GB" else "left")
-    for label, key in (("trainer model states (DeepSpeed estimator)", "trainer_model_states_gb"),
-                       ("trainer reference policy", "trainer_reference_gb"),
-                       ("trainer activations (as configured)", "trainer_activations_gb"),
-                       ("trainer activations (checkpointing toggled)", "trainer_activations_other_gb"),
-                       ("trainer total", "trainer_gb"), ("engine weights per TP shard", "engine_weights_gb")):
+    lora = "lora_params" in f
+    states = "frozen base + LoRA adapters" if lora else "DeepSpeed estimator"
+    rows = [(f"trainer model states ({states})", "trainer_model_states_gb")]
+    if lora:  # the states' two parts, and DeepSpeed's estimator for the same adapters beside the plan's 16 B a param
+        rows += [(f"  frozen base ({f['lora_adapted_layers']} adapted layers' weights in compute dtype, rest fp32)",
+                  "trainer_frozen_base_gb"),
+                 (f"  LoRA adapter states (rank {f['lora_rank']}, {f['lora_params'] / 1e6:.1f} M params x 16 B)",
+                  "trainer_adapter_states_gb"),
+                 ("  same adapters, DeepSpeed ZeRO-2 estimator on 1 GPU (20 B a param)",
+                  "trainer_adapter_states_deepspeed_gb")]
+    rows += [("trainer reference policy" + (" (the base, adapter off)" if lora else ""), "trainer_reference_gb"),
+             ("trainer activations (as configured)", "trainer_activations_gb"),
+             ("trainer activations (checkpointing toggled)", "trainer_activations_other_gb"),
+             ("trainer total", "trainer_gb"), ("engine weights per TP shard", "engine_weights_gb")]
+    if lora:
+        rows.append((f"engine LoRA buffers (1 slot, max_lora_rank {f['engine_lora_rank']})", "engine_lora_gb"))
+    for label, key in rows:
         sizes.add_row(label, f"{f[key]:.2f}")
     verdict = Table(title="verdict per device kind")
     for col in ("device", "count", "needs GB", "has GB", "fits", "detail"):

@@ -6,8 +6,8 @@ or 16 bytes a parameter for the one-process torch backend (fp32 weights, gradien
 Activations and the engines' KV cache are counted from the architecture (formulas below). The parameter count is
 the real model's, built on the meta device from its config (no weights read).
 
-With trainer.lora (torch backend) the trainer holds a frozen base (the adapted linear layers in the compute dtype,
-every other weight in fp32, no gradients, no optimizer state) and trains adapters at 16 bytes a parameter; the
+With trainer.lora (torch backend) the trainer holds a frozen base (the adapted linear layers' weights in the compute
+dtype, every other parameter in fp32, no gradients, no optimizer state) and trains adapters at 16 bytes a parameter; the
 reference policy is the base with the adapter disabled (no second model); each engine adds vLLM's LoRA buffers.
 tests/unit/test_plan.py measures these figures on a peft-wrapped model after one AdamW step.
 """
@@ -46,11 +46,10 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Linear:
     """One nn.Linear of the model: its name as peft sees it (model.layers.0.self_attn.q_proj), its fan-in and
-    fan-out, and its own parameters (weight and bias)."""
+    fan-out (its weight is fan_out x fan_in)."""
     name: str
     fan_in: int
     fan_out: int
-    params: int
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def shape(mc: PretrainedConfig) -> Shape:
     params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
-    linears = tuple(Linear(name, m.in_features, m.out_features, sum(p.numel() for p in m.parameters(recurse=False)))
+    linears = tuple(Linear(name, m.in_features, m.out_features)
                     for name, m in model.named_modules() if isinstance(m, nn.Linear))
     head = model.get_output_embeddings()
     head_name = next((name for name, m in model.named_modules() if m is head), "")
@@ -153,10 +152,10 @@ def lora_params(targets: tuple[Linear, ...], rank: int) -> int:
 
 
 def frozen_base_bytes(s: Shape, targets: tuple[Linear, ...], cfg: RunCfg) -> int:
-    """A LoRA run's frozen base on the trainer: the adapted layers' weights and biases in the compute dtype, every
-    other parameter (embeddings, norms, LM head) in fp32; no gradients, no optimizer state:
-    compute_bytes x adapted + 4 x (params - adapted)."""
-    adapted = sum(lin.params for lin in targets)
+    """A LoRA run's frozen base on the trainer (rstar2.core.adapter.hold_frozen): the adapted layers' weights in the
+    compute dtype, every other parameter (their biases, embeddings, norms, LM head) in fp32; no gradients, no
+    optimizer state: compute_bytes x adapted weights + 4 x (params - adapted weights)."""
+    adapted = sum(lin.fan_in * lin.fan_out for lin in targets)
     return compute_bytes(cfg) * adapted + FROZEN_FP32_BYTES * (s.params - adapted)
 
 
@@ -225,9 +224,17 @@ def kv_bytes_per_token(s: Shape, cfg: RunCfg) -> int:
     return 2 * s.layers * heads * s.head_dim * DTYPE_BYTES[cfg.engine.dtype]
 
 
+def engine_lora_rank(cfg: RunCfg) -> int:
+    """The max_lora_rank the engines start with: the adapter's rank rounded up to one vLLM offers (0: no LoRA)."""
+    from rstar2.rollout.vllm_backend import vllm_lora_rank
+
+    return vllm_lora_rank(cfg.trainer.lora.rank) if cfg.trainer.lora is not None else 0
+
+
 def engine_lora_bytes(s: Shape, cfg: RunCfg) -> int:
-    """vLLM's LoRA buffers on one GPU of an engine (enable_lora, max_loras = 1 slot, max_lora_rank = r, in the
-    engine's dtype; vllm/lora/layers, allocated when the model loads, before the KV cache is sized):
+    """vLLM's LoRA buffers on one GPU of an engine (enable_lora, max_loras = 1 slot, max_lora_rank = r =
+    engine_lora_rank; in the engine's dtype; vllm/lora/layers, allocated when the model loads, before the KV cache is
+    sized):
       - every linear layer but the head (the engine is given no target_modules, so vLLM wraps all it supports,
         whatever the trainer's targets): lora_a_stacked r x in and lora_b_stacked out x r per output slice (qkv_proj
         holds q, k and v as 3 slices, gate_up_proj 2: the same sizes as peft's separate layers); column-parallel
@@ -238,10 +245,9 @@ def engine_lora_bytes(s: Shape, cfg: RunCfg) -> int:
         (Qwen3 and Llama declare them in embedding_modules; a model that does not, e.g. Qwen2, holds less);
       - the punica wrapper's index tensors: PUNICA_BYTES_PER_TOKEN x ENGINE_BATCHED_TOKENS (~0.8 MB).
     The LoRA kernels' fp32 scratch (slices x tokens x r per layer call) is transient, within ENGINE_RESERVE."""
-    lora = cfg.trainer.lora
-    if lora is None:
+    r, tp = engine_lora_rank(cfg), cfg.engine.tensor_parallel_size
+    if not r:
         return 0
-    r, tp = lora.rank, cfg.engine.tensor_parallel_size
     linears = sum(r * (lin.fan_in // tp + lin.fan_out) if lin.name.rsplit(".", 1)[-1] in ROW_PARALLEL
                   else r * (lin.fan_in + lin.fan_out // tp) for lin in s.linears if lin.name != s.output_head)
     embeddings = 2 * r * (s.vocab + s.hidden)
@@ -284,7 +290,7 @@ def plan(cfg: RunCfg, gpus: int | None = None, gpu_mem_gb: float | None = None) 
                "trainer_gb": trainer / GIB, "engine_weights_gb": weights / GIB,
                "kv_bytes_per_token": kv_token, "sequence_tokens": seq, "rollouts_per_engine": rollouts_per_engine(cfg)}
     if t.lora is not None:
-        figures.update(lora_figures(s, cfg), engine_lora_gb=engine_lora / GIB)
+        figures.update(lora_figures(s, cfg), engine_lora_rank=engine_lora_rank(cfg), engine_lora_gb=engine_lora / GIB)
     static = weights + engine_lora  # what an engine holds before its KV cache
     devices = _cpu(cfg, figures, trainer, static) if gpus == 0 else _gpu(cfg, figures, gpus, mem, trainer, static)
     return {"gpus": gpus, "gpu_mem_gb": mem, "figures": figures, "devices": [asdict(d) for d in devices],

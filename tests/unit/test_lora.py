@@ -1,4 +1,4 @@
-"""LoRA in the trainer (trainer.lora, rstar2.models.adapter): a fresh adapter serves the base model exactly, only the
+"""LoRA in the trainer (trainer.lora, rstar2.core.adapter): a fresh adapter serves the base model exactly, only the
 adapter trains, checkpoints hold the adapter alone and resume bit-identically, the KL reference is the base with the
 adapter off, the adapted layers' frozen weights sit in the compute dtype, and the adapter fingerprint an engine is
 checked against changes with every update."""
@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rstar2.core import config
-from rstar2.models import adapter
+from rstar2.core import adapter, config
 from rstar2.training.trainer import PolicyTrainer
 from tests.unit.test_trainer import REWARDS, TINY, batch
 
