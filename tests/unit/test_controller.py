@@ -207,7 +207,7 @@ def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
         ("10.0.0.7", 29500, 3, "gloo", "float32", 64 * 2**20)  # rank 0 and one worker an engine; the tiny dtype
     assert [h.obj.loads for h in ctl.engines] == [[(Incoming(bus, k, 1 + i), f"/c/step-{k + 1}") for k in (0, 1)]
                                                   for i in (0, 1)]
-    assert ctl.loaded == "/c/step-2" and ctl.last_sync == {"sync_bytes": 4, "sync_buckets": 1}
+    assert ctl.loaded == "/c/step-2" and ctl.last_sync == {"sync_bytes": 4, "sync_buckets": 1, "sync_model_bytes": 0}
 
     ctl.engines[1].obj.dead = True  # killed during the rollout: started again first, and a new group is opened
     ctl.sync_trained("/c/step-3")
