@@ -2,7 +2,8 @@
 takes each step's adapter from the checkpoint or in memory, samples with the trainer's own log-probs of base + adapter
 (fp32: < 1e-4 nats), and the run's check (rstar2.run.engine_actors `check_weights`, the engines' adapter fingerprint
 read back from vLLM's copy) passes for the adapter sent and names an engine that kept an older one (planted). Full
-weights loaded again switch the adapter off; an engine started from an adapter directory serves base + adapter.
+weights loaded again switch the adapter off; `export` merges the adapter into a directory a fresh vLLM engine serves
+with the trainer's log-probs; an engine started from an adapter directory (bf16) serves base + adapter.
 
 The base is the tiny world's random model with its output sharpened (final norm x8), so log-probs vary per token."""
 
@@ -11,6 +12,7 @@ import pytest
 
 from rstar2.core import adapter, config, fingerprint
 from rstar2.core.fingerprint import WeightSyncError
+from rstar2.evaluation import export
 from rstar2.rollout.agent_loop import AgentLoop, EngineSet
 from rstar2.rollout.chat import ChatFormat
 from rstar2.rollout.engine import EngineSpec, VLLMEngine
@@ -86,11 +88,24 @@ def test_the_engine_serves_each_synced_adapter_and_the_check_catches_a_stale_one
     assert engine.fingerprint() == ("float32", fingerprint.of_checkpoint(base, "float32"))
     engine.close()
 
-    run_cfg = config.load("tiny", ["engine.dtype=float32", "engine.kv_cache_mb=32", "world.max_positions=1024"])
+    merged = str(export.export(step2, tmp_path / "merged"))  # base + adapter as one plain model directory
+    plain = VLLMEngine(EngineSpec(model_dir=merged, max_model_len=1024, kv_cache_bytes=32 * 2**20, dtype="float32"))
+    client = plain.client(temperature=1.0, logprobs=True)
+    loop = AgentLoop(EngineSet([client], [client.capacity]), config.SchedulerCfg(), ToolDisabled(), chat,
+                     RolloutLimits(max_turns=2, max_response_tokens=30, max_model_len=1024))
+    try:
+        assert _gap(tr, rollout(4)) < TOL  # vLLM serving the merged export samples with the trainer's log-probs
+    finally:
+        plain.close()
+
+    # started from the adapter directory: base + that adapter; in bf16 vLLM rounds A and B and folds alpha / rank into
+    # B in bf16, and the checkpoint's fingerprint rounds the same way
+    run_cfg = config.load("tiny", ["engine.dtype=bfloat16", "engine.kv_cache_mb=32", "world.max_positions=1024"])
     spec = EngineSpec.of_run(run_cfg, step2, seed=0)
     assert (spec.model_dir, spec.adapter, spec.lora_rank) == (base, step2, 8)
-    again = VLLMEngine(spec)  # started from the adapter directory: base + that adapter
+    again = VLLMEngine(spec)
     try:
-        assert again.fingerprint() == ("float32", adapter.fingerprint_of_dir(step2, "float32"))
+        assert again.fingerprint() == ("bfloat16", adapter.fingerprint_of_dir(step2, "bfloat16"))
+        assert again.fingerprint()[1] != adapter.fingerprint_of_dir(step1, "bfloat16")
     finally:
         again.close()
