@@ -181,9 +181,11 @@ class VLLMBackend:
         """An adapter sent in memory as the directory vLLM loads (megabytes), replacing the one written before."""
         import shutil
         import tempfile
+        import weakref
 
         if self._sent is None:
             self._sent = Path(tempfile.mkdtemp(prefix="rstar2-adapters-"))
+            weakref.finalize(self, shutil.rmtree, self._sent, True)  # gone with the engine
         for old in self._sent.iterdir():
             shutil.rmtree(old)
         return adapter.write(payload, self._sent / f"v{self._adapters + 1}")
