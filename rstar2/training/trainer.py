@@ -26,9 +26,9 @@ GPU preset's cap catches gross mismatches (shifted tokens, another dtype, weight
 Past `max_logprob_gap` the controller stops the step before its checkpoint (check_logprob_gap).
 
 LoRA (trainer.lora, rstar2.core.adapter): the model's adapted linear layers get low-rank adapters, the base weights
-are frozen, and the optimizer, the gradient clip, the checkpoint's weights and the engines' sync are the adapter's alone;
-the KL reference is the same model with the adapter switched off. A run resumes from an adapter checkpoint as from
-any other.
+are frozen, and the optimizer, the gradient clip, the checkpoint's weights and the engines' sync are the adapter's
+alone; the KL reference is the same model with the adapter switched off. A run resumes from an adapter checkpoint as
+from any other.
 
 Full state (weights, optimizer, LR schedule, RNGs, optimizer step, data position meta) is committed atomically in one
 checkpoint directory (each rank's RNGs in its own file); `load_state` of it followed by one more update reproduces the
