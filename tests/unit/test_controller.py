@@ -2,6 +2,7 @@
 starts and under which names, that weight sync reaches every engine once per new model, that a restarted trainer is
 fresh while the engines stay, and what Prefect records of it as a flow parameter. Real actors run in tests/flows."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -213,6 +214,23 @@ def test_collective_sync_keeps_its_group_while_the_actors_live(fake_ray):
     ctl.sync_trained("/c/step-3")
     assert ctl.engines[1].obj.spec.model_dir == "/c/step-3" and ctl.respawned_engines == 1
     assert ctl.sync.bus.port == 29501 and ctl.engines[0].obj.loads[-1] == (Incoming(ctl.sync.bus, 0, 1), "/c/step-3")
+
+
+def test_an_adapter_checkpoint_goes_through_the_object_store_and_its_bytes_are_counted(fake_ray, tmp_path):
+    """Under LoRA a collective sync sends the adapter as the memory one does (a bus buys nothing for megabytes), and
+    every sync counts what it moved beside the whole model's bytes."""
+    base, ck = tmp_path / "sft", tmp_path / "step-1"
+    base.mkdir(), ck.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "model.safetensors").write_bytes(b"0" * 1000)
+    (ck / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 8}))
+    (ck / "adapter_model.safetensors").write_bytes(b"0" * 40)
+    ctl = Controller("run")
+    ctl.start(_cfg(**{"trainer.weight_sync": "collective"}), "/m/sft")
+    ctl.engine_actors.fingerprints_comparable = False  # the files here are stand-ins (fingerprints: test_lora_engine)
+    ctl.sync_trained(str(ck))
+    assert [h.obj.loads for h in ctl.engines] == [[({"w": "/m/sft"}, str(ck))]] * 2 and ctl.sync.bus is None
+    assert ctl.last_sync == {"sync_bytes": 40, "sync_model_bytes": 1000}
 
 
 def test_a_failed_broadcast_falls_back_to_the_object_store_and_a_dead_trainer_goes_up(fake_ray, caplog):
