@@ -88,8 +88,10 @@ def test_a_killed_executor_is_replaced_and_its_call_runs_again_with_the_same_res
 
 
 def test_a_call_whose_executor_dies_twice_is_answered_killed(fast):
-    with SandboxService(fast, slots=1) as svc:
-        fut = svc.submit(ExecRequest("import time\ntime.sleep(3)"))
+    # a call that outlives both kills by far: on a loaded machine a fresh executor took the call again so late that
+    # 1.5 s of timeout ran out before the second kill (answered "timeout")
+    with SandboxService(dataclasses.replace(fast, timeout_s=10.0, cpu_s=10), slots=1) as svc:
+        fut = svc.submit(ExecRequest("import time\ntime.sleep(30)"))
         time.sleep(0.3)
         first = _kill_executor(svc)
         _kill_executor(svc, not_pid=first)
