@@ -9,6 +9,10 @@ runs as a Ray actor (as in a run) and the bench process plays the trainer holdin
           `bucket_mb`, and the engine loads each bucket as it arrives (rstar2.core.weight_bus): through shared memory,
           as a run on one node does (`collective_s`), and by gloo broadcast, as across nodes (`collective_gloo_s`).
           A bus's first sync also opens it; it is reported apart (`collective_first_s`, shared memory).
+  LoRA (`--lora-rank`, trainer.lora): a second engine serves the model with LoRA enabled and takes a rank-r adapter on
+          every linear layer: `lora_disk_s` commits the adapter as a run's checkpoint does and the engine loads it from
+          the directory, `lora_memory_s` sends it through the object store (what the memory and collective modes do
+          under LoRA); each sync ends with the engine's adapter fingerprint checked against the checkpoint's.
 Each figure is the median of `repeats` syncs of freshly perturbed weights.
 """
 
@@ -94,6 +98,48 @@ def measure(model_dir: Path, work: Path, repeats: int, bucket_mb: int) -> dict:
     return {**{k: statistics.median(v) for k, v in times.items()}, "collective_first_s": first}
 
 
+def measure_lora(model_dir: Path, work: Path, repeats: int, rank: int) -> dict:
+    """An adapter's syncs into a LoRA-enabled engine: disk (commit + load) and memory (object store), median seconds,
+    and the adapter file's MB."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2.core import adapter, checkpoint
+    from rstar2.core.config import LoraCfg
+    from rstar2.rollout.engine_actor import EngineActor
+    from rstar2.rollout.vllm_backend import EngineSpec
+
+    spec = EngineSpec(model_dir=str(model_dir), max_model_len=512, dtype="float32", kv_cache_bytes=16 * 2**20,
+                      lora_rank=rank)
+    engine = ray.remote(num_cpus=0)(EngineActor).remote(spec)
+    ray.get(engine.info.remote())
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    wrapped = adapter.attach(model, LoraCfg(rank=rank, alpha=2 * rank), str(model_dir))
+    disk, memory = [], []
+    try:
+        for i in range(repeats):
+            for p in adapter.trainable(model):  # a trainer's update
+                p.data.add_(1e-3 * torch.randn_like(p))
+            t0 = time.perf_counter()
+            ckpt = checkpoint.commit(work / f"lora-{i}", lambda d: wrapped.save_pretrained(str(d)), {"step": i})
+            ray.get(engine.load_weights.remote(str(ckpt)))
+            t1 = time.perf_counter()
+            sent = adapter.payload(wrapped)
+            t2 = time.perf_counter()
+            ray.get(engine.load_weights.remote(ray.put(sent), f"lora-memory-{i}"))
+            t3 = time.perf_counter()
+            served = ray.get(engine.fingerprint.remote())[1]
+            if served != adapter.fingerprint_of_dir(ckpt, "float32"):
+                raise RuntimeError(f"the engine serves another adapter than {ckpt}")
+            disk.append(t1 - t0)
+            memory.append(t3 - t2)
+    finally:
+        ray.kill(engine)
+    return {"lora_rank": rank, "lora_mb": adapter.nbytes(ckpt) / 2**20, "lora_disk_s": statistics.median(disk),
+            "lora_memory_s": statistics.median(memory)}
+
+
 def _collective(engine, bus, key: int, sd: dict) -> float:
     """Seconds from the send's start until the engine has loaded every bucket."""
     import ray
@@ -117,6 +163,8 @@ def _write(d: Path, sd: dict, model_dir: Path) -> None:
 def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run, comma-separated"),
             repeats: int = typer.Option(3, help="syncs per size and path (the median is reported)"),
             bucket_mb: int = typer.Option(64, help="collective: the most one bucket holds, MiB"),
+            lora_rank: int = typer.Option(16, min=0, help="LoRA: an adapter of this rank on every linear layer, synced "
+                                                          "into a LoRA-enabled engine (0: skip)"),
             json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here")):
     """Weight sync into a live vLLM engine: disk (commit + reload), memory (Ray object store), collective (in
     buckets, through shared memory and by gloo broadcast), three model sizes."""
@@ -139,22 +187,31 @@ def command(sizes: str = typer.Option(",".join(SIZES), help="model sizes to run,
             d.mkdir()
             n = random_model(d / "model", *SIZES[name])
             figures = measure(d / "model", d, repeats, bucket_mb)
+            if lora_rank:
+                figures.update(measure_lora(d / "model", d, repeats, lora_rank))
             rows.append({"size": name, "params": n, "mb_fp32": n * 4 / 2**20, **figures})
             console.print(f"{name}: done")
     table = Table(title="weight sync into one vLLM engine (median seconds; MB of fp32 weights)")
     # disk = commit + reload; coll.: through shared memory (one node), its first sync (it also opens the bus) apart;
     # gloo: the same by gloo broadcast (across nodes)
+    # LoRA: the adapter's MB, its disk sync (commit + load) and memory sync, and the memory sync against full weights'
+    lora = ("LoRA MB", "LoRA disk", "LoRA mem", "LoRA/mem") if lora_rank else ()
     for col in ("size", "params", "MB", "commit", "reload", "disk", "memory", "coll.", "coll. 1st", "gloo",
-                "mem/disk", "coll/disk", "gloo/disk"):
+                "mem/disk", "coll/disk", "gloo/disk", *lora):
         table.add_column(col, justify="right")
     for r in rows:
         for path in ("memory", "collective", "collective_gloo"):
             r[f"{path}_over_disk"] = r[f"{path}_s"] / r["disk_s"]
+        cells = []
+        if lora_rank:
+            r["lora_memory_over_memory"] = r["lora_memory_s"] / r["memory_s"]
+            cells = [f"{r['lora_mb']:.1f}", f"{r['lora_disk_s']:.3f}", f"{r['lora_memory_s']:.3f}",
+                     f"{r['lora_memory_over_memory']:.2f}x"]
         table.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['mb_fp32']:.0f}", f"{r['disk_write_s']:.3f}",
                       f"{r['disk_reload_s']:.3f}", f"{r['disk_s']:.3f}", f"{r['memory_s']:.3f}",
                       f"{r['collective_s']:.3f}", f"{r['collective_first_s']:.3f}", f"{r['collective_gloo_s']:.3f}",
                       f"{r['memory_over_disk']:.2f}x", f"{r['collective_over_disk']:.2f}x",
-                      f"{r['collective_gloo_over_disk']:.2f}x")
+                      f"{r['collective_gloo_over_disk']:.2f}x", *cells)
     console.print(table)
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1))
