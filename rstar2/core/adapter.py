@@ -21,11 +21,12 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Iterable
-
-import torch
+from typing import TYPE_CHECKING, Iterable
 
 from rstar2.core.config import LoraCfg
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -60,7 +61,7 @@ def peft_config(lora: LoraCfg, base_dir: str):
                       target_modules=lora.targets, task_type="CAUSAL_LM", base_model_name_or_path=str(base_dir))
 
 
-def attach(model: torch.nn.Module, lora: LoraCfg, base_dir: str, frozen_dtype: torch.dtype = torch.float32):
+def attach(model: "torch.nn.Module", lora: LoraCfg, base_dir: str, frozen_dtype: "torch.dtype | None" = None):
     """`model` with a fresh adapter (A random from torch's generator, B zero: the base model's outputs exactly) and
     every base weight frozen; the peft wrapper (it saves the adapter). `model` itself is changed in place: its
     forward goes through the adapters."""
@@ -71,7 +72,7 @@ def attach(model: torch.nn.Module, lora: LoraCfg, base_dir: str, frozen_dtype: t
     return wrapped
 
 
-def resume(model: torch.nn.Module, adapter_dir: str | Path, frozen_dtype: torch.dtype = torch.float32):
+def resume(model: "torch.nn.Module", adapter_dir: str | Path, frozen_dtype: "torch.dtype | None" = None):
     """`model` (the adapter's base, loaded) with the adapter of `adapter_dir`, trainable; the peft wrapper."""
     from peft import PeftModel
 
@@ -80,9 +81,12 @@ def resume(model: torch.nn.Module, adapter_dir: str | Path, frozen_dtype: torch.
     return wrapped
 
 
-def hold_frozen(wrapped, dtype: torch.dtype) -> None:
-    """The adapted layers' frozen weights in `dtype` (the compute dtype); adapters and other weights untouched."""
-    if dtype == torch.float32:
+def hold_frozen(wrapped, dtype: "torch.dtype | None") -> None:
+    """The adapted layers' frozen weights in `dtype` (the compute dtype; None: fp32, as loaded); adapters and other
+    weights untouched."""
+    import torch
+
+    if dtype in (None, torch.float32):
         return
     from peft.tuners.lora import LoraLayer
 
@@ -161,7 +165,7 @@ def comparable(a: str | None, b: str | None) -> bool:
     return bool(a and b) and a.rsplit(":", 1)[0] == b.rsplit(":", 1)[0]
 
 
-def fingerprint_of_tensors(tensors: dict[str, torch.Tensor], config: dict, dtype: torch.dtype) -> str | None:
+def fingerprint_of_tensors(tensors: dict, config: dict, dtype: "torch.dtype") -> str | None:
     """The fingerprint of peft-named adapter tensors as an engine of `dtype` holds them: B rounded to `dtype`, then
     multiplied by alpha / rank in `dtype` (vLLM's `optimize`, in place on its copy)."""
     s, pairs = scaling(config), {}
@@ -173,6 +177,7 @@ def fingerprint_of_tensors(tensors: dict[str, torch.Tensor], config: dict, dtype
 
 
 def fingerprint_of_dir(adapter_dir: str | Path, dtype: str) -> str | None:
+    import torch
     from safetensors.torch import load_file
 
     return fingerprint_of_tensors(load_file(str(Path(adapter_dir) / WEIGHTS)), config_of(adapter_dir),
@@ -182,6 +187,7 @@ def fingerprint_of_dir(adapter_dir: str | Path, dtype: str) -> str | None:
 def merge(adapter_dir: str | Path, out: str | Path) -> None:
     """The base model with the adapter merged into its weights (W + (alpha / rank) B A, in fp32), saved to `out` as a
     plain HF model directory (weights and config; the caller copies the tokenizer)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_of(adapter_dir), dtype=torch.float32)

@@ -180,3 +180,20 @@ def test_the_library_shows_the_pipeline():
     packages = [p for p in entries if (p / "__init__.py").is_file()]
     undocumented = [p.name for p in packages if ast.get_docstring(ast.parse((p / "__init__.py").read_text())) is None]
     assert len(packages) >= 6 and not undocumented
+
+
+def test_the_command_line_starts_without_torch():
+    """The sandbox image holds the CLI (`rstar2 sandbox serve`) and no torch, peft, transformers or vLLM: importing the
+    command line must not import them (a module-level `import torch` in a module the CLI reaches broke that image)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'peft', 'transformers', 'vllm'):\n"
+            "            raise ImportError('not in the sandbox image: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import rstar2.cli.main\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
