@@ -114,6 +114,7 @@ def worker_sft(spec: dict) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rstar2.core.config import SFTCfg
     from rstar2.training import sft
 
     df = pl.read_parquet(spec["batch"])
@@ -126,8 +127,9 @@ def worker_sft(spec: dict) -> list[dict]:
         n = 1 if not steps else spec["sft_steps"]
         base = _mem_reset(spec)
         c0 = time.process_time()
-        r = sft.fit(model, ids, masks, epochs=(n + 0.5) / n_batches, lr=1e-5, batch_tokens=spec["sft_batch_tokens"],
-                    warmup_frac=0.0, seed=len(steps), packed=spec["sft_packed"], dtype=spec["dtype"], pad_id=0)
+        s = SFTCfg(epochs=(n + 0.5) / n_batches, lr=1e-5, batch_tokens=spec["sft_batch_tokens"], warmup_frac=0.0,
+                   packed=spec["sft_packed"])
+        r = sft.fit(model, ids, masks, s, seed=len(steps), dtype=spec["dtype"], pad_id=0)
         steps.append({"update_s": r.wall_s, "counted_tokens": round(r.tokens_per_s * r.wall_s),  # every token
                       "loss_tokens": r.loss_tokens, "fed_tokens": r.fed_tokens, "peak_mb": _peak(spec), "base_mb": base,
                       "cpu_util": (time.process_time() - c0) / r.wall_s})

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2.core import adapter, checkpoint
-from rstar2.core.config import LoraCfg, RunCfg
+from rstar2.core.config import RunCfg, SFTCfg
 from rstar2.core.progress import bar
 from rstar2.models import tools
 from rstar2.rollout.chat import ChatFormat
@@ -102,24 +102,20 @@ def _batches(lengths: list[int], batch_tokens: int, packed: bool, rng: random.Ra
     return rows
 
 
-def train(model_dir: Path, data: Path, out_dir: Path, *, epochs: float, lr: float, batch_tokens: int,
-          warmup_frac: float, seed: int, packed: bool = False, device: str = "auto", dtype: str = "float32",
-          weight_decay: float = 0.01, min_lr_frac: float = 0.0, decay_frac: float = 1.0,
-          decay_at_loss: float | None = None, lora: LoraCfg | None = None,
-          on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
+def train(model_dir: Path, data: Path, out_dir: Path, s: SFTCfg, *, seed: int, device: str = "auto",
+          dtype: str = "float32", on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """SFT of the model in `model_dir` on the transcripts in `data` (JSON lines, rstar2.training.transcripts); the model
     and its tokenizer are saved to `out_dir` (a plain HF model directory). dtype "auto": rstar2.training.numerics.
-    `lora`: only low-rank adapters train (the base frozen, in fp32), merged into the weights saved."""
+    `s.lora`: only low-rank adapters train (the base frozen, in fp32), merged into the weights saved."""
     torch.manual_seed(seed)
     chat = ChatFormat.load(model_dir)
     tok = chat.tokenizer
     dv = dev.pick(device)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(dv)
-    adapted = adapter.attach(model, lora, str(model_dir)).to(dv) if lora else None
+    adapted = adapter.attach(model, s.lora, str(model_dir)).to(dv) if s.lora else None
     ids, masks = tokenize(chat, transcripts.read(data))
-    res = fit(model, ids, masks, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_frac=warmup_frac, seed=seed,
-              packed=packed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok), weight_decay=weight_decay,
-              min_lr_frac=min_lr_frac, decay_frac=decay_frac, decay_at_loss=decay_at_loss, on_progress=on_progress)
+    res = fit(model, ids, masks, s, seed=seed, dtype=numerics.choose(dtype, dv).dtype, pad_id=_pad_id(tok),
+              on_progress=on_progress)
     if adapted is not None:
         model = adapted.merge_and_unload()  # W + (alpha / rank) B A: a plain model again
     model.set_attn_implementation("sdpa")  # the saved model loads anywhere, not only where varlen is registered
@@ -135,34 +131,34 @@ def batches_per_epoch(ids: list[list[int]], masks: list[list[int]], batch_tokens
                         shared_openings(ids, masks) if packed else None))
 
 
-def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, lr: float, batch_tokens: int,
-        warmup_frac: float, seed: int, packed: bool, dtype: str, pad_id: int, weight_decay: float = 0.01,
-        min_lr_frac: float = 0.0, decay_frac: float = 1.0, decay_at_loss: float | None = None,
+def fit(model, ids: list[list[int]], masks: list[list[int]], s: SFTCfg, *, seed: int, dtype: str, pad_id: int,
         on_progress: Callable[[int, int, float], None] | None = None) -> SFTResult:
     """The optimisation itself, on tokenised transcripts (ids and loss masks), in place on `model` (on its device):
-    AdamW, `dtype` autocast, a budget of int(batches per epoch x epochs) steps, and the schedule `optim.schedule`:
-    linear warm-up, then a cosine to min_lr_frac x lr over the whole budget (decay_frac 1: the paper's SFT schedule),
-    or the lr held until its last decay_frac of the budget and the cosine there (WSD). With `decay_at_loss`, the held
-    phase ends as soon as the loss average (`SLOW`) falls to it: the decay follows and the cycle ends early."""
+    AdamW, `dtype` autocast, a budget of int(batches per epoch x s.epochs) steps, and the schedule `optim.schedule`:
+    linear warm-up, then a cosine to s.min_lr_frac x s.lr over the whole budget (decay_frac 1: the paper's SFT
+    schedule), or the lr held until its last s.decay_frac of the budget and the cosine there (WSD). With
+    s.decay_at_target, the held phase ends as soon as the loss average (`SLOW`) falls to s.target_loss: the decay
+    follows and the cycle ends early."""
     rng = random.Random(seed)
     dv = next(model.parameters()).device
     use_varlen_attention(model)  # packed rows' segments; plain SDPA otherwise (fp32 under bf16 on a CPU)
     lengths = [len(x) for x in ids]
-    openings = shared_openings(ids, masks) if packed else None
-    total = max(1, int(len(_batches(lengths, batch_tokens, packed, None, openings)) * epochs))
-    decay = max(1, int(total * decay_frac))
+    openings = shared_openings(ids, masks) if s.packed else None
+    total = max(1, int(len(_batches(lengths, s.batch_tokens, s.packed, None, openings)) * s.epochs))
+    decay = max(1, int(total * s.decay_frac))
+    decay_at_loss = s.target_loss if s.decay_at_target else None
     params = adapter.trainable(model)  # every weight, or a LoRA adapter's
-    opt = optim.adamw(params, lr, weight_decay, dv, betas=(0.9, 0.95))
-    warm = max(1, int(total * warmup_frac))
-    multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=total - decay)
+    opt = optim.adamw(params, s.lr, s.weight_decay, dv, betas=(0.9, 0.95))
+    warm = max(1, int(total * s.warmup_frac))
+    multiplier = optim.schedule(warm, decay, s.min_lr_frac, stable_steps=total - decay)
     model.train()
     step, tokens, fed, n_loss, t0, loss_ema, loss_sum = 0, 0, 0, 0, time.perf_counter(), float("nan"), 0.0
     while step < total:
-        for batch in _batches(lengths, batch_tokens, packed, rng, openings):
+        for batch in _batches(lengths, s.batch_tokens, s.packed, rng, openings):
             if step >= total:
                 break
-            mb = collate(ids, masks, batch, pad_id, packed,  # (B, T) rows or (1, T) packed; N loss tokens
-                         openings[0] if packed else None).to(dv)
+            mb = collate(ids, masks, batch, pad_id, s.packed,  # (B, T) rows or (1, T) packed; N loss tokens
+                         openings[0] if s.packed else None).to(dv)
             with dev.autocast(dv, dtype):
                 logp, _ = loss_token_logprobs(model, mb)  # (N,)
             loss = -logp.mean() if logp.numel() else logp.sum()  # mean over assistant tokens
@@ -170,7 +166,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             for group in opt.param_groups:
-                group["lr"] = lr * multiplier(step)
+                group["lr"] = s.lr * multiplier(step)
             opt.step()
             step += 1
             tokens, fed, n_loss = tokens + mb.real_tokens, fed + mb.fed_tokens, n_loss + logp.numel()
@@ -180,7 +176,7 @@ def fit(model, ids: list[list[int]], masks: list[list[int]], *, epochs: float, l
             loss_avg = loss_sum / (1 - SLOW ** step)  # bias-corrected, as Adam's moments: a mean early on
             if decay_at_loss is not None and warm < step < total - decay and loss_avg <= decay_at_loss:
                 total = step + decay  # the skill has formed: decay from here, and end after it
-                multiplier = optim.schedule(warm, decay, min_lr_frac, stable_steps=step)
+                multiplier = optim.schedule(warm, decay, s.min_lr_frac, stable_steps=step)
             if on_progress:
                 on_progress(step, total, loss_ema)
     wall = time.perf_counter() - t0
@@ -198,11 +194,8 @@ def train_with(cfg: RunCfg, model_dir: Path, data: Path, out_dir: Path,
     while True:
         done = sum(r.steps for r in cycles)  # progress counts on through the cycles
         progress = on_progress and (lambda step, total, loss, done=done: on_progress(done + step, done + total, loss))
-        res = train(src, Path(data), Path(out_dir), epochs=s.epochs, lr=s.lr, batch_tokens=s.batch_tokens,
-                    warmup_frac=s.warmup_frac, weight_decay=s.weight_decay, min_lr_frac=s.min_lr_frac,
-                    decay_frac=s.decay_frac, decay_at_loss=s.target_loss if s.decay_at_target else None,
-                    seed=cfg.seed + len(cycles), packed=s.packed, device=cfg.trainer.device, dtype=cfg.trainer.dtype,
-                    lora=s.lora, on_progress=progress)
+        res = train(src, Path(data), Path(out_dir), s, seed=cfg.seed + len(cycles), device=cfg.trainer.device,
+                    dtype=cfg.trainer.dtype, on_progress=progress)
         cycles.append(res)
         if s.target_loss is None or res.final_loss <= s.target_loss or len(cycles) == s.max_cycles:
             break

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from rstar2.cli.main import app
 from rstar2.core import checkpoint
+from rstar2.core.config import SFTCfg
 from rstar2.rollout.chat import ChatFormat, prompt_messages
 from rstar2.rollout.template import TOOL_NAME
 from rstar2.training import transcripts
@@ -125,8 +126,8 @@ def test_a_shared_opening_is_computed_once_and_changes_no_loss(qwen_model_dir):
 
 
 def test_wsd_holds_the_lr_and_a_formed_skill_ends_the_cycle_early(qwen_model_dir):
-    """decay_frac < 1 holds the lr until the budget's last share (WSD); with decay_at_loss the held phase ends once
-    the slow loss average reaches it, and the cycle ends one decay later: 3 steps + 5 of decay, not 20."""
+    """decay_frac < 1 holds the lr until the budget's last share (WSD); with decay_at_target the held phase ends once
+    the slow loss average reaches target_loss, and the cycle ends one decay later: 3 steps + 5 of decay, not 20."""
     from rstar2.training import optim, sft
 
     hold = optim.schedule(1, 4, 0.0, stable_steps=2)  # warm-up 1 step, held 2, a cosine over 4 down to 0
@@ -138,8 +139,9 @@ def test_wsd_holds_the_lr_and_a_formed_skill_ends_the_cycle_early(qwen_model_dir
     def run(decay_at_loss):
         model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32)
         totals = []
-        res = sft.fit(model, ids, masks, epochs=20.5 / per_epoch, lr=1e-3, batch_tokens=256, warmup_frac=0.1, seed=0,
-                      packed=False, dtype="float32", pad_id=0, decay_frac=0.25, decay_at_loss=decay_at_loss,
+        s = SFTCfg(epochs=20.5 / per_epoch, lr=1e-3, batch_tokens=256, warmup_frac=0.1, decay_frac=0.25,
+                   target_loss=decay_at_loss, decay_at_target=decay_at_loss is not None)
+        res = sft.fit(model, ids, masks, s, seed=0, dtype="float32", pad_id=0,
                       on_progress=lambda step, total, loss: totals.append(total))
         return res.steps, totals
 

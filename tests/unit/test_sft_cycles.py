@@ -13,8 +13,8 @@ from rstar2.training import sft
 def _cycles(monkeypatch, losses: list[float], *sets: str):
     calls, it = [], iter(losses)
 
-    def train(model_dir, data, out_dir, **kw):
-        calls.append((model_dir, kw["seed"], kw["epochs"]))
+    def train(model_dir, data, out_dir, s, **kw):
+        calls.append((model_dir, kw["seed"], s.epochs))
         kw["on_progress"](100, 100, 0.5)  # a cycle's last step
         return sft.SFTResult(steps=100, final_loss=next(it), tokens_per_s=1000.0, wall_s=10.0)
 
