@@ -17,6 +17,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from rstar2.core import adapter
+
 SUFFIX = "norm.weight"
 
 
@@ -42,9 +44,13 @@ def of_model(model: torch.nn.Module) -> tuple[str, str | None]:
 
 
 def of_checkpoint(model_dir: str | Path, dtype: str) -> str | None:
-    """The fingerprint of a model directory's safetensors as an engine of `dtype` holds them; None: no safetensors
-    (or no tensor to hash), so nothing to compare."""
+    """The fingerprint of a model directory as an engine of `dtype` serving it holds it: a LoRA adapter directory's
+    adapter (rstar2.core.adapter.fingerprint: the engine serves its base with the adapter enabled), else the norms
+    of its safetensors; None: no safetensors (or no tensor to hash), so nothing to compare."""
     from safetensors import safe_open
+
+    if adapter.is_adapter(model_dir):
+        return adapter.fingerprint_of_dir(model_dir, dtype)
 
     def named() -> Iterator[tuple[str, torch.Tensor]]:
         for f in sorted(Path(model_dir).glob("*.safetensors")):

@@ -130,7 +130,7 @@ class EngineActors:
         if not self.fingerprints_comparable:
             return
         served = ray.get([e.fingerprint.remote() for e in self.handles])  # [(dtype, fingerprint)]
-        want = {dtype: _expected(model_dir, dtype) for dtype in {d for d, _ in served}}
+        want = {dtype: fingerprint.of_checkpoint(model_dir, dtype) for dtype in {d for d, _ in served}}
         if adapter.is_adapter(model_dir) and not all(adapter.comparable(want[d], fp) for d, fp in served if fp):
             # vLLM named this model family's layers otherwise (a weights mapper): values cannot be matched by name
             self.fingerprints_comparable = False
@@ -142,13 +142,6 @@ class EngineActors:
             raise WeightSyncError(f"after loading {model_dir}: {', '.join(wrong)} against the checkpoint's "
                                   f"{', '.join(f'{v} ({k})' for k, v in want.items())}; the weights did not reach "
                                   "them (rstar2.core.fingerprint)")
-
-
-def _expected(model_dir: str, dtype: str) -> str | None:
-    """The fingerprint an engine of `dtype` serving `model_dir` holds: its adapter's, or its weights'."""
-    if adapter.is_adapter(model_dir):
-        return adapter.fingerprint_of_dir(model_dir, dtype)
-    return fingerprint.of_checkpoint(model_dir, dtype)
 
 
 def _spawn(name: str, cfg: RunCfg, model_dir: str, index: int, place: placement.Placement):

@@ -81,6 +81,8 @@ def partitioned_construction(cfg: TrainerCfg, device: torch.device):
 
 
 class DeepSpeedBackend:
+    adapted = None  # LoRA trains under the torch backend only (TrainerCfg refuses deepspeed with lora)
+
     def __init__(self, model: torch.nn.Module, cfg: TrainerCfg, device: torch.device, rank: int):
         ds = import_deepspeed()
         self.ds, self.cfg, self.rank = ds, cfg, rank

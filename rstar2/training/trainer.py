@@ -140,7 +140,7 @@ class PolicyTrainer:
         self.cfg, self.seed, self.rank, self.world = cfg, seed, rank, world_size
         self.tokenizer = load_tokenizer(model_dir)
         self.model_dir = model_dir  # its record (rstar2.models.tools) goes into every checkpoint
-        self.adapted = None  # LoRA: the peft wrapper of the model (its adapter is what trains and is saved)
+        adapted = None
         if cfg.backend == "deepspeed":
             from rstar2.training import deepspeed_backend as dsb
             dsb.init_distributed(rank, world_size, master)
@@ -149,18 +149,23 @@ class PolicyTrainer:
         elif world_size != 1:
             raise ValueError("trainer.backend=torch runs one process; use backend=deepspeed for world_size > 1")
         else:
-            model, self.adapted = load_policy(model_dir, self.device, cfg)
+            model, adapted = load_policy(model_dir, self.device, cfg)
         # KL needs a frozen reference policy: the weights this trainer started from (not under ZeRO-3: see config);
         # under LoRA the base with the adapter switched off (`_reference`), no second copy
-        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef and not self.adapted else None
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef and not adapted else None
         self.backend = dsb.DeepSpeedBackend(model, cfg, self.device, rank) if cfg.backend == "deepspeed" \
-            else TorchBackend(model, cfg, self.device, self.adapted)
+            else TorchBackend(model, cfg, self.device, adapted)
         self.rng = random.Random(seed)  # mini-batch shuffles: identical on every rank
         self.step = 0  # optimizer steps taken
 
     @property
     def model(self) -> torch.nn.Module:
         return self.backend.module
+
+    @property
+    def adapted(self):
+        """LoRA: the peft wrapper of the model (its adapter is what trains and is saved); None without LoRA."""
+        return self.backend.adapted
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state and warm-up, as the recipe does between stages."""

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from rstar2.core import adapter, config
+from rstar2.core import adapter, config, fingerprint
 from rstar2.training.trainer import PolicyTrainer
-from tests.unit.test_trainer import REWARDS, TINY, batch
+from tests.unit.test_trainer import REWARDS, TINY, assert_same_as_never_stopped, batch
 
 LORA = config.LoraCfg(rank=4, alpha=8)
 CFG = config.TrainerCfg(lr=1e-2, warmup_steps=1, mini_batches=2, micro_batch_tokens=48, lora=LORA)
@@ -71,14 +71,7 @@ def test_the_checkpoint_is_the_adapter_and_resumes_bit_identically(tiny_model, t
     resumed = PolicyTrainer(str(ck), CFG.model_copy(update={"lora": None}), seed=7)  # a run resumes from the checkpoint
     resumed.load_state(str(ck))
     m = resumed.update(uris[2])
-    never = PolicyTrainer(tiny_model, CFG, seed=0)
-    for u in uris:
-        never.update(u)
-    a, b = adapter_params(never), adapter_params(resumed)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical adapter ...
-    for s1, s2 in zip(never.backend.opt.state.values(), resumed.backend.opt.state.values()):
-        assert all(torch.equal(s1[k], s2[k]) for k in s1)  # ... and Adam moments
-    assert m["lr"] == never.backend.lr() and resumed.step == never.step == 6
+    assert_same_as_never_stopped(tiny_model, uris, m, resumed, CFG, adapter_params)  # the adapter, bit for bit
 
 
 def test_kl_reference_is_the_base_with_the_adapter_off(tiny_model, tmp_path):
@@ -109,6 +102,7 @@ def test_the_adapter_fingerprint_follows_every_update(tiny_model, tmp_path):
     ck = tr.save(str(tmp_path / "ck" / "step-0001"), {"step": 1})
     fp1 = adapter.fingerprint_of_dir(ck, "bfloat16")
     assert fp0 != fp1 and adapter.comparable(fp0, fp1)  # same modules, new values
+    assert fingerprint.of_checkpoint(ck, "bfloat16") == fp1  # what the engines' check expects of an adapter dir
     after = adapter.payload(tr.adapted)
     assert adapter.fingerprint_of_tensors(after["tensors"], after["config"], torch.bfloat16) == fp1
     copy = adapter.write(after, tmp_path / "sent")  # the memory sync's copy, as an engine writes it

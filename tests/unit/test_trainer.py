@@ -307,12 +307,14 @@ def test_deepspeed_missing_is_one_clear_error(tiny_model, monkeypatch):
 RESUME_CFG = config.TrainerCfg(lr=1e-3, warmup_steps=3, mini_batches=2, micro_batch_tokens=48)
 
 
-def _assert_same_as_never_stopped(tiny_model, uris, ck, resumed_metrics, resumed):
-    never_stopped = PolicyTrainer(tiny_model, RESUME_CFG, seed=0)
+def assert_same_as_never_stopped(tiny_model, uris, resumed_metrics, resumed, cfg=RESUME_CFG, params_of=params):
+    """`resumed` (its last update's metrics `resumed_metrics`) against a trainer that ran every batch of `uris` without
+    stopping: the same trained weights (`params_of`) and Adam moments, bit for bit, the same lr and step count."""
+    never_stopped = PolicyTrainer(tiny_model, cfg, seed=0)
     for u in uris:
         never_stopped.update(u)
-    for (k, p), q in zip(params(never_stopped).items(), params(resumed).values()):
-        assert torch.equal(p, q), k  # bit-identical weights
+    a, b = params_of(never_stopped), params_of(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical weights
     for s1, s2 in zip(never_stopped.backend.opt.state.values(), resumed.backend.opt.state.values()):
         assert all(torch.equal(s1[k], s2[k]) for k in s1)  # and Adam moments
     assert resumed_metrics["lr"] == never_stopped.backend.lr() and resumed.step == never_stopped.step == 6
@@ -336,7 +338,7 @@ def test_resume_is_bit_identical(tiny_model, tmp_path):
     del tr
     torch.manual_seed(12345), random.seed(12345), np.random.seed(12345)
     resumed, m = _resume(tiny_model, ck, uris[2])
-    _assert_same_as_never_stopped(tiny_model, uris, ck, m, resumed)
+    assert_same_as_never_stopped(tiny_model, uris, m, resumed)
 
 
 KILLED_RUN = textwrap.dedent("""
@@ -362,7 +364,7 @@ def test_resume_after_kill_is_bit_identical(tiny_model, tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert checkpoint.manifest(ck)["optimizer_step"] == 4  # 2 RL steps x 2 mini-batches
     resumed, m = _resume(tiny_model, ck, uris[2])
-    _assert_same_as_never_stopped(tiny_model, uris, ck, m, resumed)
+    assert_same_as_never_stopped(tiny_model, uris, m, resumed)
 
 
 def test_checkpoint_is_loadable_and_refuses_partial(tiny_model, tmp_path):
