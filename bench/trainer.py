@@ -28,6 +28,7 @@ import typer
 
 from rstar2.bench import roofline
 from rstar2.bench import trainer_shapes as shapes
+from rstar2.bench.profile import ORDER, where_time_goes
 
 COLUMNS = ("problem_id", "reward", "prompt_ids", "response_ids", "loss_mask")
 
@@ -104,6 +105,8 @@ def worker_ours(spec: dict) -> list[dict]:
                       "counted_tokens": m["update_loss_tokens"],
                       "fed_tokens": m["update_fed_tokens"], "peak_mb": m["update_peak_mem_mb"], "base_mb": base,
                       "cpu_util": (time.process_time() - c0) / m["update_s"], "loss": m["loss"]})
+    if spec.get("profile"):
+        steps[-1]["profile"] = where_time_goes(lambda: tr.update(spec["batch"]))
     return steps
 
 
@@ -133,6 +136,9 @@ def worker_sft(spec: dict) -> list[dict]:
         steps.append({"update_s": r.wall_s, "counted_tokens": round(r.tokens_per_s * r.wall_s),  # every token
                       "loss_tokens": r.loss_tokens, "fed_tokens": r.fed_tokens, "peak_mb": _peak(spec), "base_mb": base,
                       "cpu_util": (time.process_time() - c0) / r.wall_s})
+    if spec.get("profile"):  # one more call of the timed calls' steps
+        steps[-1]["profile"] = where_time_goes(lambda: sft.fit(model, ids, masks, s, seed=0, dtype=spec["dtype"],
+                                                               pad_id=0))
     return steps
 
 
@@ -237,7 +243,8 @@ def summarise(name: str, steps: list[dict], clean_util: float) -> dict:
             "counted_tokens": timed[0]["counted_tokens"],
             "fed_tokens": timed[0]["fed_tokens"], "peak_mb": max(s["peak_mb"] for s in timed),
             "update_mem_mb": max(s["peak_mb"] - s["base_mb"] for s in timed),
-            "cpu_util": statistics.median(s["cpu_util"] for s in timed)}
+            "cpu_util": statistics.median(s["cpu_util"] for s in timed),
+            **({"profile": s["profile"] for s in steps if "profile" in s})}
 
 
 def command(
@@ -257,6 +264,8 @@ def command(
     trl_micro_batch: int = typer.Option(16, help="TRL per-device batch (sequences; the rest is accumulation)"),
     trl: bool = typer.Option(True, help="also run TRL (needs the bench extra: pip install '.[bench]')"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
+    profile: bool = typer.Option(False, help="also run one more step of each of our trainers under torch's profiler: "
+                                             "its time by kind of work (bench/profile.py)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the figures here"),
 ):
     """SFT and GRPO-RoC update tokens/s against the host's GEMM roofline at each shape (fp32 and bf16), and our
@@ -288,7 +297,7 @@ def command(
                 console.print(f"[red]error:[/red] {e}")
                 raise typer.Exit(2)
             result["shapes"][name] = _shape(name, info, dtype, device, steps, max_steps, clean_util, layouts,
-                                            micro_batch_tokens, sft_steps, trl_micro_batch, trl, tmp)
+                                            micro_batch_tokens, sft_steps, trl_micro_batch, trl, profile, tmp)
     _print(console, result, steps)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +308,7 @@ def command(
 
 def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps: int, clean_util: float,
            layouts: str, micro_batch_tokens: int | None, sft_steps: int, trl_micro_batch: int, trl: bool,
-           tmp: str) -> dict:
+           profile: bool, tmp: str) -> dict:
     """One shape: its roofline in both dtypes, then SFT, our update per layout and TRL's, each in its own process."""
     import torch
     from transformers import AutoConfig
@@ -318,7 +327,7 @@ def _shape(name: str, info: dict, dtype: str, device: str, steps: int, max_steps
     spec = {**info, "steps": steps, "max_steps": max_steps, "clean_util": clean_util, "dtype": choice.dtype,
             "micro_batch_tokens": micro, "lr": 1e-6, "trl_micro_batch": trl_micro_batch,
             "device": device, "tmp": tmp, "sft_steps": sft_steps, "sft_batch_tokens": sh.sft_batch_tokens,
-            "sft_packed": sh.sft_packed}
+            "sft_packed": sh.sft_packed, "profile": profile}
     runs = [summarise("rstar2 SFT", _run_worker("sft", spec), clean_util)]
     for layout in [x.strip() for x in layouts.split(",") if x.strip()]:
         runs.append(summarise(f"rstar2 update ({layout})", _run_worker("ours", {**spec, "layout": layout}),
@@ -362,6 +371,15 @@ def _print(console, result: dict, steps: int) -> None:
                           f"{r['fed_tokens']:,}", f"{r['peak_mb']:,.0f}", f"{r['cpu_util']:.2f}",
                           "yes" if r["clean"] else "[red]no[/red]")
     console.print(table)
+    profiled = [(name, r) for name, sh in result["shapes"].items() for r in sh["runs"] if "profile" in r]
+    if profiled:
+        where = Table(title="where a step's time goes (torch profiler, one more step; % of its wall time)")
+        for col in ("shape", "trainer", "step s", *ORDER):
+            where.add_column(col, justify="left" if col in ("shape", "trainer") else "right")
+        for name, r in profiled:
+            p = r["profile"]
+            where.add_row(name, r["name"], f"{p['wall_s']:.2f}", *(f"{100 * p['shares'][k]:.0f}" for k in ORDER))
+        console.print(where)
     for name, sh in result["shapes"].items():
         console.print(f"{name}: {sh['dtype']} ({sh['dtype_reason']})" + (
             f"; best rstar2 update vs TRL: {sh['speedup_vs_trl']:.2f}x tokens/s, peak memory "

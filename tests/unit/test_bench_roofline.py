@@ -1,5 +1,6 @@
 """`rstar2 bench trainer`'s roofline (bench/roofline.py): the linear layers of a llama/qwen decoder, worked by hand,
-and the whole command on the tiny shape, its figures in the JSON against a roofline measured in the same run."""
+and the whole command on the tiny shape, its figures in the JSON against a roofline measured in the same run, with
+`--profile`'s time by kind of work (bench/profile.py: ops named by hand)."""
 
 import json
 
@@ -8,7 +9,7 @@ import torch
 from transformers import LlamaConfig
 from typer.testing import CliRunner
 
-from rstar2.bench import roofline
+from rstar2.bench import profile, roofline
 from rstar2.training import numerics
 
 
@@ -42,7 +43,7 @@ def test_bench_trainer_reports_tokens_per_second_against_the_roofline(tmp_path):
 
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(app, ["bench", "trainer", "--shapes", "tiny", "--no-trl", "--steps", "1",
-                                   "--max-steps", "2", "--sft-steps", "1", "--json", str(out)])
+                                   "--max-steps", "2", "--sft-steps", "1", "--profile", "--json", str(out)])
     assert res.exit_code == 0, res.output
     tiny = json.loads(out.read_text())["shapes"]["tiny"]
     # the tiny preset's numerics: trainer.dtype auto, settled by this host's bf16 units
@@ -54,6 +55,30 @@ def test_bench_trainer_reports_tokens_per_second_against_the_roofline(tmp_path):
         assert r["tokens_per_s"] > 0 and \
             r["of_roofline"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
     assert "x roofline" in res.output
+    for r in tiny["runs"]:  # --profile: one more step's time by kind, the kinds covering all of it
+        shares = r["profile"]["shares"]
+        assert list(shares) == list(profile.ORDER) and sum(shares.values()) == pytest.approx(1.0)
+        assert shares["products"] > 0.05 and shares["attention"] > 0 and r["profile"]["wall_s"] > 0
+    assert "where a step's time goes" in res.output
+
+
+def test_ops_are_put_in_their_kind_by_name():
+    kinds = {op: profile.kind_of(op) for op in (
+        "aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::copy_",
+        "aten::_to_copy", "aten::_log_softmax_backward_data", "aten::_fused_adamw_", "Optimizer.step#AdamW.step",
+        "aten::linalg_vector_norm", "aten::mul", "aten::silu_backward", "aten::rsqrt", "aten::view",
+        "autograd::engine::evaluate_function: MmBackward0", "aten::mm_something_else")}
+    assert kinds == {
+        "aten::mm": "products", "aten::addmm": "products",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention", "aten::copy_": "casts",
+        "aten::_to_copy": "casts", "aten::_log_softmax_backward_data": "loss", "aten::_fused_adamw_": "optimizer",
+        "Optimizer.step#AdamW.step": "optimizer", "aten::linalg_vector_norm": "optimizer",
+        "aten::mul": profile.OTHER, "aten::silu_backward": profile.OTHER, "aten::rsqrt": profile.OTHER,
+        "aten::view": profile.OUTSIDE, "autograd::engine::evaluate_function: MmBackward0": profile.OUTSIDE,
+        "aten::mm_something_else": profile.OTHER}  # an aten fragment names one op, not a prefix
+    # 0.3 s of products and 0.1 s of a view in a 0.5 s call: 60 % products; the view and the 0.1 s no op took, 40 %
+    shares = profile.shares({"aten::mm": 3e5, "aten::view": 1e5}, 0.5)
+    assert shares["products"] == pytest.approx(0.6) and shares[profile.OUTSIDE] == pytest.approx(0.4)
 
 
 def test_bench_trainer_refuses_a_batch_of_another_vocabulary_in_one_line(tmp_path):
